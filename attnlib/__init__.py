@@ -1,0 +1,25 @@
+"""attnlib: multi-head attention, small and checked.
+
+The library behind the book. One module per idea, in the order of the chapters:
+
+- :mod:`attnlib.attention`: scaled dot-product attention, one query or many (ch. 1)
+- :mod:`attnlib.multihead`: per-head projections, fused and separate (ch. 2-3)
+- :mod:`attnlib.interop`: other libraries' weight layouts, and mask conventions (ch. 5)
+
+Orientation everywhere: row vectors, ``y = x @ W``, weights ``(d_in, d_out)``.
+Masks: boolean, ``True`` = may attend.
+"""
+
+from attnlib.attention import attention, masked_softmax
+from attnlib.interop import AttentionWeights
+from attnlib.multihead import HeadWeights, MultiHeadAttention, SeparateHeadsAttention
+
+__all__ = [
+    "attention",
+    "masked_softmax",
+    "AttentionWeights",
+    "HeadWeights",
+    "MultiHeadAttention",
+    "SeparateHeadsAttention",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,182 @@
+"""Scaled dot-product attention for one query or many (chapter 1).
+
+Everything here uses row vectors, as the paper does: a query is a row ``q`` of
+width ``d_k``, the keys are the rows of ``K`` and the values the rows of ``V``.
+
+Masks are boolean and ``True`` means *may attend*, the convention of
+:func:`torch.nn.functional.scaled_dot_product_attention`.
+
+A query whose keys are **all** masked out has nothing to read. attnlib defines
+its weights to be all zero and its output to be the zero vector (PyTorch's
+``scaled_dot_product_attention`` returns NaN there instead).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["masked_softmax", "attention"]
+
+
+def _shape(t: Tensor | torch.Size | tuple[int, ...]) -> str:
+    """Format a shape as ``(2, 3, 4)`` for error messages."""
+    dims = tuple(t.shape) if isinstance(t, Tensor) else tuple(t)
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _check_mask(mask: Tensor, target: torch.Size, name: str = "mask") -> None:
+    """Raise ``ValueError`` unless ``mask`` is boolean and broadcasts to ``target``.
+
+    Broadcasting may add or stretch size-1 dimensions of ``mask`` but must not
+    change ``target``: a mask that would enlarge the score tensor is an error,
+    not a silent broadcast.
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise ValueError(
+            f"{name} must have dtype torch.bool (True = may attend), got {mask.dtype}; "
+            f"convert an additive float mask with `{name} == 0` or a 0/1 mask with `{name}.bool()`"
+        )
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, target)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != target:
+        raise ValueError(
+            f"{name} of shape {_shape(mask)} does not broadcast to the scores' shape {_shape(target)}"
+        )
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
+    r"""Softmax of ``scores`` along ``dim``, over the entries where ``mask`` is True.
+
+    .. math::
+        \mathrm{softmax}(s)_j = \frac{m_j\, e^{s_j - c}}{\sum_l m_l\, e^{s_l - c}},
+        \qquad c = \max_{l:\, m_l} s_l,
+
+    with :math:`m_j \in \{0, 1\}` the mask. Subtracting the largest allowed score
+    :math:`c` changes nothing mathematically and keeps every exponent ``<= 0``, so
+    scores of any magnitude give no overflow. A row with no allowed entry is all
+    zeros (not NaN).
+
+    Args:
+        scores: real tensor of any shape ``(..., n)``.
+        mask: boolean, broadcastable to ``scores.shape``; ``True`` = keep.
+        dim: the dimension to normalise over.
+
+    Returns:
+        weights of the same shape as ``scores``; each row sums to 1, or to 0 when
+        its mask is all False.
+    """
+    if not scores.is_floating_point():
+        raise ValueError(f"scores must be a floating-point tensor, got {scores.dtype}")
+    if mask is None:
+        return torch.softmax(scores, dim=dim)
+    _check_mask(mask, scores.shape)
+    return _masked_softmax(scores, mask, dim)
+
+
+def _masked_softmax(scores: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
+    """:func:`masked_softmax` without the checks (the caller has made them)."""
+    neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+    masked = torch.where(mask, scores, neg_inf)  # (..., n), -inf where not allowed
+    row_max = masked.amax(dim=dim, keepdim=True)  # (..., 1)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    exp = torch.exp(masked - row_max)  # exp(-inf) = 0 where masked
+    total = exp.sum(dim=dim, keepdim=True)  # (..., 1), 0 for an all-masked row
+    return exp / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""Scaled dot-product attention, returning the output and the weights.
+
+    .. math::
+        A = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}}\right), \qquad
+        \mathrm{Attention}(Q, K, V) = A V .
+
+    Row ``i`` of ``A`` says where query ``i`` reads (non-negative, sums to 1);
+    row ``i`` of the output is the mixture :math:`\sum_j A_{ij} v_j` it reads.
+
+    Shapes (``...`` = any batch dimensions that broadcast):
+
+    - ``q``: ``(..., n_q, d_k)``, or a single query ``(d_k,)``
+    - ``k``: ``(..., n_k, d_k)``
+    - ``v``: ``(..., n_k, d_v)``
+    - ``mask``: bool, broadcastable to ``(..., n_q, n_k)`` (``(n_k,)`` for a single
+      query); ``True`` = may attend
+    - returns ``output``: ``(..., n_q, d_v)`` (``(d_v,)`` for a single query) and
+      ``weights``: ``(..., n_q, n_k)`` (``(n_k,)`` for a single query)
+
+    Args:
+        scale: multiplies the scores; default :math:`1/\sqrt{d_k}`.
+
+    A query whose keys are all masked gets zero weights and a zero output.
+
+    Raises:
+        ValueError: q and k of different widths, k and v of different lengths, no
+            keys, batch dimensions that do not broadcast, a mask that is not bool
+            or does not broadcast to the scores.
+    """
+    for name, t, min_dim in (("q", q, 1), ("k", k, 2), ("v", v, 2)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < min_dim:
+            expected = "(d_k,) or (..., n_q, d_k)" if name == "q" else f"(..., n_k, d_{name})"
+            raise ValueError(f"{name} must have shape {expected}, got {_shape(t)}")
+    single = q.dim() == 1
+    if single:
+        q = q.unsqueeze(0)  # (1, d_k)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same width d_k: q has shape {_shape(q[0] if single else q)} "
+            f"(d_k = {q.shape[-1]}), k has shape {_shape(k)} (d_k = {k.shape[-1]})"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of rows n_k (one value per key): "
+            f"k has shape {_shape(k)}, v has shape {_shape(v)}"
+        )
+    if k.shape[-2] == 0:
+        raise ValueError(f"attention needs at least one key, got k of shape {_shape(k)}")
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"batch dimensions do not broadcast: q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+        ) from None
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., n_q, n_k)
+    if mask is not None:
+        if single and isinstance(mask, Tensor) and mask.dim() >= 1:
+            # A single query's mask is a row (..., n_k): give it the query axis.
+            try:
+                _check_mask(mask.unsqueeze(-2), torch.Size(batch) + scores.shape[-2:])
+            except ValueError as err:
+                if mask.dtype != torch.bool:
+                    raise
+                target = _shape(torch.Size(batch) + scores.shape[-1:])
+                raise ValueError(
+                    f"mask of shape {_shape(mask)} does not broadcast to the scores' shape {target}"
+                ) from err
+            mask = mask.unsqueeze(-2)  # (..., 1, n_k)
+        else:
+            _check_mask(mask, torch.Size(batch) + scores.shape[-2:])
+    if mask is None:
+        weights = torch.softmax(scores, dim=-1)  # (..., n_q, n_k)
+    else:
+        weights = _masked_softmax(scores, mask)  # (..., n_q, n_k)
+    output = weights @ v  # (..., n_q, d_v)
+    if single:
+        return output.squeeze(-2), weights.squeeze(-2)
+    return output, weights

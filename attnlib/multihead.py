@@ -1,0 +1,382 @@
+r"""Multi-head attention, fused and as separate heads (chapters 2 and 3).
+
+.. math::
+    \mathrm{head}_i = \mathrm{Attention}(Q W_i^Q,\; K W_i^K,\; V W_i^V), \qquad
+    \mathrm{MultiHead}(Q, K, V) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W^O
+
+with :math:`W_i^Q, W_i^K \in \mathbb{R}^{d_{model} \times d_k}`,
+:math:`W_i^V \in \mathbb{R}^{d_{model} \times d_v}`,
+:math:`W^O \in \mathbb{R}^{h d_v \times d_{model}}` and
+:math:`d_k = d_v = d_{model} / h` (Vaswani et al., 2017, section 3.2.2).
+
+:class:`MultiHeadAttention` stores the h per-head matrices of each role side by
+side as one ``(d_model, d_model)`` matrix; :class:`SeparateHeadsAttention` stores
+them as h independent small matrices. Built from the same weights, the two
+compute the same function.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlib.attention import _check_mask, _masked_softmax, _shape, attention
+from attnlib.interop import AttentionWeights, read_torch_mha, write_torch_mha
+
+__all__ = ["MultiHeadAttention", "SeparateHeadsAttention", "HeadWeights"]
+
+
+class HeadWeights(NamedTuple):
+    """One head's weights: views into the fused matrices, not copies.
+
+    ``w_q, w_k``: ``(d_model, d_k)``; ``w_v``: ``(d_model, d_v)``; ``w_o``: ``(d_v, d_model)``;
+    biases ``(d_k,)``/``(d_v,)`` or ``None``. (The output bias belongs to no head.)
+    """
+
+    w_q: Tensor
+    w_k: Tensor
+    w_v: Tensor
+    w_o: Tensor
+    b_q: Tensor | None
+    b_k: Tensor | None
+    b_v: Tensor | None
+
+
+def _check_dims(d_model: int, num_heads: int) -> int:
+    if not (isinstance(d_model, int) and d_model > 0):
+        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+    if not (isinstance(num_heads, int) and num_heads > 0):
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    if d_model % num_heads:
+        raise ValueError(
+            f"d_model ({d_model}) must be divisible by num_heads ({num_heads}): "
+            f"each head gets d_k = d_model / num_heads columns"
+        )
+    return d_model // num_heads
+
+
+def _check_inputs(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, d_model: int, num_heads: int
+) -> None:
+    """Shape checks shared by both implementations; errors name the argument."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3 or t.shape[-1] != d_model:
+            n = "n_q" if name == "query" else "n_k"
+            raise ValueError(f"{name} must have shape (B, {n}, d_model={d_model}), got {_shape(t)}")
+    if key.shape[:2] != value.shape[:2]:
+        raise ValueError(
+            f"key and value must have the same batch size and length (B, n_k): "
+            f"key has shape {_shape(key)}, value has shape {_shape(value)}"
+        )
+    if query.shape[0] != key.shape[0]:
+        raise ValueError(
+            f"query and key must have the same batch size B: query {_shape(query)}, key {_shape(key)}"
+        )
+    if key.shape[1] == 0:
+        raise ValueError(f"key must hold at least one position, got {_shape(key)}")
+    if mask is not None:
+        b, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
+        _check_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
+
+
+def _linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """``x @ w + b`` in one fused call; ``w`` is ``(d_in, d_out)``."""
+    return F.linear(x, w.T, b)
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Multi-head attention with fused per-role weights, paper orientation.
+
+    Parameters (each used as ``x @ W``): ``w_q, w_k, w_v, w_o``: ``(d_model, d_model)``;
+    biases ``b_q, b_k, b_v, b_o``: ``(d_model,)`` when ``bias=True``. Head ``i`` owns
+    columns ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and rows ``i*d_v:(i+1)*d_v`` of
+    ``w_o``; :meth:`head` and the ``*_heads`` properties return views of them.
+
+    Call: ``out, weights = mha(query, key, value, mask=None, need_weights=True)``
+
+    - ``query``: ``(B, n_q, d_model)``; ``key``, ``value``: ``(B, n_k, d_model)``
+    - ``mask``: bool, ``True`` = may attend, broadcastable to ``(B, h, n_q, n_k)``
+    - ``out``: ``(B, n_q, d_model)``; ``weights``: ``(B, h, n_q, n_k)``, one map per
+      head (not averaged), or ``None`` when ``need_weights=False`` (which takes
+      PyTorch's fused ``scaled_dot_product_attention`` path).
+
+    A query whose keys are all masked reads nothing: its heads output zero.
+
+    Initialisation: each ``(d_model, d_model)`` matrix Xavier-uniform, biases zero.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        bias: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.d_k = _check_dims(d_model, num_heads)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        kw = {"device": device, "dtype": dtype}
+        self.w_q = nn.Parameter(torch.empty(d_model, d_model, **kw))  # (d_model, h*d_k)
+        self.w_k = nn.Parameter(torch.empty(d_model, d_model, **kw))  # (d_model, h*d_k)
+        self.w_v = nn.Parameter(torch.empty(d_model, d_model, **kw))  # (d_model, h*d_v)
+        self.w_o = nn.Parameter(torch.empty(d_model, d_model, **kw))  # (h*d_v, d_model)
+        if bias:
+            self.b_q = nn.Parameter(torch.empty(d_model, **kw))
+            self.b_k = nn.Parameter(torch.empty(d_model, **kw))
+            self.b_v = nn.Parameter(torch.empty(d_model, **kw))
+            self.b_o = nn.Parameter(torch.empty(d_model, **kw))
+        else:
+            self.register_parameter("b_q", None)
+            self.register_parameter("b_k", None)
+            self.register_parameter("b_v", None)
+            self.register_parameter("b_o", None)
+        self.reset_parameters()
+
+    @property
+    def d_v(self) -> int:
+        return self.d_k
+
+    @property
+    def bias(self) -> bool:
+        return self.b_q is not None
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights (bound ``sqrt(6 / (2 d_model))``), zero biases."""
+        for w in (self.w_q, self.w_k, self.w_v, self.w_o):
+            nn.init.xavier_uniform_(w)
+        for b in (self.b_q, self.b_k, self.b_v, self.b_o):
+            if b is not None:
+                nn.init.zeros_(b)
+
+    # ---- per-head views -------------------------------------------------------
+    def _split_columns(self, w: Tensor) -> Tensor:
+        return w.view(self.d_model, self.num_heads, self.d_k).transpose(0, 1)  # (h, d_model, d_k)
+
+    @property
+    def w_q_heads(self) -> Tensor:
+        """``(h, d_model, d_k)``: ``w_q_heads[i]`` is :math:`W_i^Q`, a view of ``w_q``."""
+        return self._split_columns(self.w_q)
+
+    @property
+    def w_k_heads(self) -> Tensor:
+        """``(h, d_model, d_k)``: ``w_k_heads[i]`` is :math:`W_i^K`, a view of ``w_k``."""
+        return self._split_columns(self.w_k)
+
+    @property
+    def w_v_heads(self) -> Tensor:
+        """``(h, d_model, d_v)``: ``w_v_heads[i]`` is :math:`W_i^V`, a view of ``w_v``."""
+        return self._split_columns(self.w_v)
+
+    @property
+    def w_o_heads(self) -> Tensor:
+        """``(h, d_v, d_model)``: ``w_o_heads[i]`` is :math:`W_i^O`, the rows of ``w_o``
+        that multiply head i's output in the concatenation; a view of ``w_o``."""
+        return self.w_o.view(self.num_heads, self.d_v, self.d_model)
+
+    def head(self, i: int) -> HeadWeights:
+        """Head ``i``'s weights as views into the fused parameters."""
+        if not 0 <= i < self.num_heads:
+            raise IndexError(f"head index {i} out of range for num_heads={self.num_heads}")
+        cols = slice(i * self.d_k, (i + 1) * self.d_k)
+        return HeadWeights(
+            w_q=self.w_q[:, cols],
+            w_k=self.w_k[:, cols],
+            w_v=self.w_v[:, cols],
+            w_o=self.w_o[cols, :],
+            b_q=None if self.b_q is None else self.b_q[cols],
+            b_k=None if self.b_k is None else self.b_k[cols],
+            b_v=None if self.b_v is None else self.b_v[cols],
+        )
+
+    # ---- forward ------------------------------------------------------------------
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        _check_inputs(query, key, value, mask, self.d_model, self.num_heads)
+        B, n_q, _ = query.shape
+        n_k = key.shape[1]
+        h, d_k = self.num_heads, self.d_k
+        q = _linear(query, self.w_q, self.b_q).view(B, n_q, h, d_k).transpose(1, 2)  # (B, h, n_q, d_k)
+        k = _linear(key, self.w_k, self.b_k).view(B, n_k, h, d_k).transpose(1, 2)  # (B, h, n_k, d_k)
+        v = _linear(value, self.w_v, self.b_v).view(B, n_k, h, d_k).transpose(1, 2)  # (B, h, n_k, d_v)
+        weights: Tensor | None
+        if need_weights:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d_k))  # (B, h, n_q, n_k)
+            weights = torch.softmax(scores, -1) if mask is None else _masked_softmax(scores, mask)
+            heads = weights @ v  # (B, h, n_q, d_v)
+        else:
+            weights = None
+            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, n_q, d_v)
+            if mask is not None:
+                # SDPA gives NaN for a query with no allowed key; attnlib gives 0.
+                reads_nothing = ~mask.any(dim=-1, keepdim=True)  # (.., n_q, 1)
+                heads = heads.masked_fill(reads_nothing, 0.0)
+        concat = heads.transpose(1, 2).reshape(B, n_q, h * d_k)  # (B, n_q, h*d_v)
+        out = _linear(concat, self.w_o, self.b_o)  # (B, n_q, d_model)
+        return out, weights
+
+    # ---- conversions --------------------------------------------------------------
+    def attention_weights(self) -> AttentionWeights:
+        """The four projections (detached copies), paper orientation."""
+
+        def c(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().clone()
+
+        return AttentionWeights(
+            w_q=self.w_q.detach().clone(),
+            w_k=self.w_k.detach().clone(),
+            w_v=self.w_v.detach().clone(),
+            w_o=self.w_o.detach().clone(),
+            b_q=c(self.b_q),
+            b_k=c(self.b_k),
+            b_v=c(self.b_v),
+            b_o=c(self.b_o),
+        )
+
+    @classmethod
+    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> "MultiHeadAttention":
+        """A module holding copies of ``weights`` (paper orientation)."""
+        mha = cls(weights.d_model, num_heads, bias=weights.bias, device=weights.w_q.device, dtype=weights.w_q.dtype)
+        with torch.no_grad():
+            for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
+                src = getattr(weights, name)
+                if src is not None:
+                    getattr(mha, name).copy_(src)
+        return mha
+
+    @classmethod
+    def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
+        """The same function as ``m`` (batch-first inputs; ``m`` in eval mode, since
+        attnlib has no dropout). Weights are copied and transposed to ``x @ W``."""
+        return cls.from_weights(read_torch_mha(m), m.num_heads)
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """A ``torch.nn.MultiheadAttention(batch_first=True)`` computing the same function."""
+        return write_torch_mha(self.attention_weights(), self.num_heads, batch_first=True)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, bias={self.bias}"
+
+
+class SeparateHeadsAttention(nn.Module):
+    r"""Multi-head attention written literally: h independent heads, concatenated.
+
+    Head ``i`` has its own small parameters ``w_q[i], w_k[i]``: ``(d_model, d_k)``,
+    ``w_v[i]``: ``(d_model, d_v)`` (``nn.ParameterList`` entries) and computes
+    :math:`\mathrm{head}_i = \mathrm{Attention}(Q W_i^Q + b_i^Q, K W_i^K + b_i^K, V W_i^V + b_i^V)`
+    with :func:`attnlib.attention`. The heads' outputs ``(B, n_q, d_v)`` are
+    concatenated to ``(B, n_q, h d_v)`` and multiplied by ``w_o``: ``(h d_v, d_model)``.
+
+    It exists to be compared with :class:`MultiHeadAttention`: build it with
+    :meth:`from_fused` and both compute the same function. Call signature and
+    shapes are those of :class:`MultiHeadAttention`.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, bias: bool = True) -> None:
+        super().__init__()
+        self.d_k = _check_dims(d_model, num_heads)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        fused = MultiHeadAttention(d_model, num_heads, bias=bias)
+        self._load(fused)
+
+    def _load(self, fused: MultiHeadAttention) -> None:
+        def heads(t: Tensor) -> nn.ParameterList:
+            return nn.ParameterList([nn.Parameter(t[i].detach().clone()) for i in range(t.shape[0])])
+
+        h, d_k = fused.num_heads, fused.d_k
+        self.w_q = heads(fused.w_q_heads)  # h x (d_model, d_k)
+        self.w_k = heads(fused.w_k_heads)  # h x (d_model, d_k)
+        self.w_v = heads(fused.w_v_heads)  # h x (d_model, d_v)
+        self.w_o = nn.Parameter(fused.w_o.detach().clone())  # (h*d_v, d_model)
+        if fused.bias:
+            assert fused.b_q is not None and fused.b_k is not None and fused.b_v is not None
+            self.b_q = heads(fused.b_q.view(h, d_k))  # h x (d_k,)
+            self.b_k = heads(fused.b_k.view(h, d_k))  # h x (d_k,)
+            self.b_v = heads(fused.b_v.view(h, d_k))  # h x (d_v,)
+            self.b_o = nn.Parameter(fused.b_o.detach().clone())  # type: ignore[union-attr]
+        else:
+            self.b_q = self.b_k = self.b_v = None
+            self.register_parameter("b_o", None)
+
+    @property
+    def bias(self) -> bool:
+        return self.b_o is not None
+
+    @classmethod
+    def from_fused(cls, mha: MultiHeadAttention) -> "SeparateHeadsAttention":
+        """h small heads holding copies of ``mha``'s per-head blocks."""
+        sep = cls.__new__(cls)
+        nn.Module.__init__(sep)
+        sep.d_k, sep.d_model, sep.num_heads = mha.d_k, mha.d_model, mha.num_heads
+        sep._load(mha)
+        return sep
+
+    def to_fused(self) -> MultiHeadAttention:
+        """The per-head blocks placed side by side again, as a :class:`MultiHeadAttention`."""
+
+        def cat(ps: nn.ParameterList | None) -> Tensor | None:
+            return None if ps is None else torch.cat([p.detach() for p in ps], dim=-1)
+
+        weights = AttentionWeights(
+            w_q=cat(self.w_q),  # type: ignore[arg-type]
+            w_k=cat(self.w_k),  # type: ignore[arg-type]
+            w_v=cat(self.w_v),  # type: ignore[arg-type]
+            w_o=self.w_o.detach(),
+            b_q=cat(self.b_q),
+            b_k=cat(self.b_k),
+            b_v=cat(self.b_v),
+            b_o=None if self.b_o is None else self.b_o.detach(),
+        )
+        return MultiHeadAttention.from_weights(weights, self.num_heads)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        _check_inputs(query, key, value, mask, self.d_model, self.num_heads)
+        outputs, maps = [], []
+        for i in range(self.num_heads):
+            q_i = query @ self.w_q[i]  # (B, n_q, d_k)
+            k_i = key @ self.w_k[i]  # (B, n_k, d_k)
+            v_i = value @ self.w_v[i]  # (B, n_k, d_v)
+            if self.b_q is not None:
+                q_i, k_i, v_i = q_i + self.b_q[i], k_i + self.b_k[i], v_i + self.b_v[i]  # type: ignore[index]
+            mask_i = None if mask is None else _head_mask(mask, i)  # broadcastable to (B, n_q, n_k)
+            head_i, weights_i = attention(q_i, k_i, v_i, mask=mask_i)  # (B, n_q, d_v), (B, n_q, n_k)
+            outputs.append(head_i)
+            maps.append(weights_i)
+        concat = torch.cat(outputs, dim=-1)  # (B, n_q, h*d_v)
+        out = concat @ self.w_o  # (B, n_q, d_model)
+        if self.b_o is not None:
+            out = out + self.b_o
+        if not need_weights:
+            return out, None
+        weights = torch.stack([m.expand(query.shape[0], query.shape[1], key.shape[1]) for m in maps], dim=1)
+        return out, weights  # (B, h, n_q, n_k)
+
+
+def _head_mask(mask: Tensor, i: int) -> Tensor:
+    """Head i's slice of a mask broadcastable to (B, h, n_q, n_k)."""
+    m = mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)  # (1.., n_q, n_k) -> 4-D
+    return m[:, i if m.shape[1] > 1 else 0]  # (B or 1, n_q or 1, n_k)

@@ -1,0 +1,173 @@
+"""Figures for the book, all in one place (every chapter).
+
+Each helper draws on a given matplotlib ``Axes`` (or makes one), labels its axes
+and returns the ``Figure``, so a notebook cell is one call. Captions and alt text
+are set on the notebook cell (``mystnb`` metadata), not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+__all__ = ["attention_map", "attention_maps", "line_plot", "bar_plot", "singular_values"]
+
+
+def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().to(torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize, layout="constrained")
+        return fig, ax
+    return ax.figure, ax  # type: ignore[return-value]
+
+
+def attention_map(
+    weights: torch.Tensor | np.ndarray,
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+    annotate: bool = True,
+    colorbar: bool = True,
+) -> Figure:
+    """Heat map of attention weights ``(n_q, n_k)``: rows are queries, columns keys.
+
+    Cells are annotated with their weight (two decimals) when ``annotate`` and the
+    map is small enough to read.
+    """
+    w = _to_numpy(weights)
+    if w.ndim != 2:
+        raise ValueError(f"weights must have shape (n_q, n_k), got {w.shape}")
+    fig, ax = _axes(ax, (1.2 + 0.7 * w.shape[1], 1.0 + 0.6 * w.shape[0]))
+    im = ax.imshow(w, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xlabel("key (position read from)")
+    ax.set_ylabel("query (position reading)")
+    ax.set_xticks(range(w.shape[1]), key_labels if key_labels is not None else range(w.shape[1]))
+    ax.set_yticks(range(w.shape[0]), query_labels if query_labels is not None else range(w.shape[0]))
+    if annotate and w.size <= 144:
+        for i in range(w.shape[0]):
+            for j in range(w.shape[1]):
+                ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center",
+                        color="white" if w[i, j] > 0.6 else "black", fontsize=8)
+    if title:
+        ax.set_title(title)
+    if colorbar:
+        fig.colorbar(im, ax=ax, label="attention weight")
+    return fig
+
+
+def attention_maps(
+    weights: torch.Tensor | np.ndarray,
+    labels: Sequence[str] | None = None,
+    ncols: int = 4,
+    title: str | None = None,
+    panel_titles: Sequence[str] | None = None,
+) -> Figure:
+    """A grid of attention maps, one panel per head: ``weights`` is ``(h, n_q, n_k)``."""
+    w = _to_numpy(weights)
+    if w.ndim != 3:
+        raise ValueError(f"weights must have shape (h, n_q, n_k), got {w.shape}")
+    h = w.shape[0]
+    ncols = min(ncols, h)
+    nrows = -(-h // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.5 * nrows), layout="constrained",
+                             squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= h:
+            ax.axis("off")
+            continue
+        ax.imshow(w[i], cmap="Blues", vmin=0.0, vmax=1.0)
+        ticks_q, ticks_k = range(w.shape[1]), range(w.shape[2])
+        ax.set_xticks(ticks_k, labels if labels is not None else ticks_k, rotation=90, fontsize=7)
+        ax.set_yticks(ticks_q, labels if labels is not None else ticks_q, fontsize=7)
+        ax.set_title(panel_titles[i] if panel_titles is not None else f"head {i}", fontsize=9)
+        if i % ncols == 0:
+            ax.set_ylabel("query")
+        if i >= h - ncols:
+            ax.set_xlabel("key")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def line_plot(
+    x: Sequence[float] | np.ndarray,
+    series: dict[str, Sequence[float] | np.ndarray],
+    xlabel: str,
+    ylabel: str,
+    ax: Axes | None = None,
+    title: str | None = None,
+    logx: bool = False,
+    logy: bool = False,
+) -> Figure:
+    """One line per entry of ``series`` (legend label -> y values) against ``x``."""
+    fig, ax = _axes(ax, (5.5, 3.6))
+    for label, y in series.items():
+        ax.plot(_to_numpy(np.asarray(x)), _to_numpy(np.asarray(y)), marker="o", markersize=3, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def bar_plot(
+    labels: Sequence[str],
+    values: Sequence[float] | np.ndarray,
+    xlabel: str,
+    ylabel: str,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Vertical bars, one per label."""
+    fig, ax = _axes(ax, (1.0 + 0.8 * len(labels), 3.4))
+    ax.bar(range(len(labels)), _to_numpy(np.asarray(values)), color="tab:blue")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, None)
+    if title:
+        ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def singular_values(
+    spectra: dict[str, torch.Tensor | np.ndarray],
+    ax: Axes | None = None,
+    title: str | None = None,
+    floor: float = 1e-12,
+) -> Figure:
+    """Singular values in decreasing order on a log scale, one line per entry.
+
+    Values below ``floor`` (numerically zero) are drawn at ``floor`` so a rank
+    cut-off shows as a cliff rather than disappearing from a log axis.
+    """
+    fig, ax = _axes(ax, (5.5, 3.6))
+    for label, s in spectra.items():
+        v = np.sort(_to_numpy(s))[::-1]
+        ax.plot(np.arange(1, len(v) + 1), np.maximum(v, floor), label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("index of singular value (largest first)")
+    ax.set_ylabel("singular value")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
