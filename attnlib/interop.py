@@ -10,6 +10,7 @@ layout                                  what it stores
 attnlib / the paper                     ``W^Q, W^K, W^V, W^O``: ``(d_model, d_model)``, ``x @ W``
 ``torch.nn.MultiheadAttention``         ``in_proj_weight`` = ``[W^Q; W^K; W^V]ᵀ`` stacked: ``(3E, E)``,
                                         ``out_proj.weight`` = ``(W^O)ᵀ``: ``(E, E)``
+separate ``nn.Linear`` (BERT)           ``query/key/value/output.dense.weight`` = ``Wᵀ``: ``(out, in)``
 =====================================  =======================================
 
 Masks: attnlib uses ``True`` = may attend; ``nn.MultiheadAttention``'s
@@ -27,6 +28,8 @@ __all__ = [
     "AttentionWeights",
     "read_torch_mha",
     "write_torch_mha",
+    "read_separate_linear",
+    "write_separate_linear",
     "torch_attn_mask",
 ]
 
@@ -129,6 +132,50 @@ def write_torch_mha(weights: AttentionWeights, num_heads: int, batch_first: bool
             m.in_proj_bias.copy_(torch.cat([weights.b_q, weights.b_k, weights.b_v]))  # type: ignore[list-item]
             m.out_proj.bias.copy_(weights.b_o)  # type: ignore[arg-type]
     return m
+
+
+def read_separate_linear(
+    q: tuple[Tensor, Tensor | None],
+    k: tuple[Tensor, Tensor | None],
+    v: tuple[Tensor, Tensor | None],
+    o: tuple[Tensor, Tensor | None],
+) -> AttentionWeights:
+    """Read four ``nn.Linear``-layout ``(weight, bias)`` pairs, as BERT stores its
+    ``query``, ``key``, ``value`` and ``output.dense`` layers.
+
+    Each ``weight`` is ``(d_out, d_in)`` (``y = x @ weight.T + bias``), so the paper's
+    ``W`` is ``weight.T``. Returns copies in paper orientation.
+    """
+    pairs = {"q": q, "k": k, "v": v, "o": o}
+    for name, (w, b) in pairs.items():
+        if w.dim() != 2 or w.shape[0] != w.shape[1]:
+            raise ValueError(f"{name} weight must be square (d_model, d_model), got {tuple(w.shape)}")
+    return AttentionWeights(
+        w_q=q[0].detach().T.clone(),
+        w_k=k[0].detach().T.clone(),
+        w_v=v[0].detach().T.clone(),
+        w_o=o[0].detach().T.clone(),
+        b_q=None if q[1] is None else q[1].detach().clone(),
+        b_k=None if k[1] is None else k[1].detach().clone(),
+        b_v=None if v[1] is None else v[1].detach().clone(),
+        b_o=None if o[1] is None else o[1].detach().clone(),
+    )
+
+
+def write_separate_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
+    """Four ``nn.Linear`` layers ``{"q", "k", "v", "o"}`` computing ``x @ W + b``
+    (the inverse of :func:`read_separate_linear`)."""
+    e = weights.d_model
+    layers: dict[str, nn.Linear] = {}
+    for name in ("q", "k", "v", "o"):
+        w, b = getattr(weights, f"w_{name}"), getattr(weights, f"b_{name}")
+        lin = nn.Linear(e, e, bias=weights.bias, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w.T)
+            if b is not None:
+                lin.bias.copy_(b)
+        layers[name] = lin
+    return layers
 
 
 def torch_attn_mask(mask: Tensor) -> Tensor:
