@@ -1,0 +1,517 @@
+"""attnlib.multihead: separate heads == fused == torch.nn.MultiheadAttention.
+
+Every equivalence is a hypothesis property over random sizes, bias on/off,
+self- and cross-attention and the three kinds of mask (padding ``(B, 1, 1, n_k)``,
+causal ``(n_q, n_k)``, per head ``(B, h, n_q, n_k)``); forward outputs, attention
+maps and gradients (inputs and weights) are compared. Every error path has a test.
+
+Comparisons with torch never give a query an all-masked row: torch returns NaN
+there, attnlib returns zero (tested separately, attnlib against attnlib).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+from attnlib import MultiHeadAttention, SeparateHeadsAttention
+
+DTYPE = torch.float64
+TOL = {"atol": 1e-10, "rtol": 1e-8}
+SETTINGS = settings(max_examples=30, deadline=None)
+
+
+# ---- strategies ---------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One random problem: a seeded module, inputs and a mask (attnlib convention)."""
+
+    mha: MultiHeadAttention
+    query: Tensor  # (B, n_q, d_model)
+    key: Tensor  # (B, n_k, d_model)
+    value: Tensor  # (B, n_k, d_model)
+    mask: Tensor | None  # bool, True = may attend
+    mask_kind: str  # "none" | "padding" | "causal" | "per_head" | "padding+causal"
+
+    @property
+    def inputs(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.query, self.key, self.value
+
+
+def _make_mask(kind: str, B: int, h: int, n_q: int, n_k: int, g: torch.Generator) -> Tensor | None:
+    """A mask of the given kind; all but "random" let every query attend to some key."""
+    if kind == "none":
+        return None
+    lengths = torch.randint(1, n_k + 1, (B,), generator=g)  # real keys per sequence, >= 1
+    padding = (torch.arange(n_k) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, n_k)
+    causal = torch.ones(n_q, n_k, dtype=torch.bool).tril()  # (n_q, n_k), key 0 always allowed
+    if kind == "padding":
+        return padding
+    if kind == "causal":
+        return causal
+    if kind == "padding+causal":
+        return padding & causal  # (B, 1, n_q, n_k)
+    if kind == "random":  # may leave a query with no allowed key
+        return torch.rand(B, h, n_q, n_k, generator=g) < 0.4
+    assert kind == "per_head"
+    m = torch.rand(B, h, n_q, n_k, generator=g) < 0.5  # (B, h, n_q, n_k)
+    keep = torch.randint(0, n_k, (B, h, n_q, 1), generator=g)  # one allowed key per row
+    return m.scatter(-1, keep, True)
+
+
+@st.composite
+def cases(draw: st.DrawFn, masks: tuple[str, ...] = ("none", "padding", "causal", "padding+causal", "per_head")) -> Case:
+    h = draw(st.integers(1, 4))
+    d_k = draw(st.integers(1, 5))
+    d_model = h * d_k
+    B = draw(st.integers(1, 3))
+    n_q = draw(st.integers(1, 5))
+    cross = draw(st.booleans())
+    n_k = draw(st.integers(1, 5)) if cross else n_q
+    bias = draw(st.booleans())
+    kind = draw(st.sampled_from(masks))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(d_model, h, bias=bias, dtype=DTYPE)
+    if bias:  # zero-initialised biases would hide bias bugs
+        with torch.no_grad():
+            for b in (mha.b_q, mha.b_k, mha.b_v, mha.b_o):
+                b.copy_(torch.randn(d_model, generator=g, dtype=DTYPE))
+    query = torch.randn(B, n_q, d_model, generator=g, dtype=DTYPE)
+    if cross:
+        key = torch.randn(B, n_k, d_model, generator=g, dtype=DTYPE)
+        value = torch.randn(B, n_k, d_model, generator=g, dtype=DTYPE)
+    else:
+        key = value = query  # self-attention: one sequence plays all three roles
+    return Case(mha, query, key, value, _make_mask(kind, B, h, n_q, n_k, g), kind)
+
+
+# ---- helpers --------------------------------------------------------------------
+
+
+def _leaves(case: Case) -> tuple[Tensor, Tensor, Tensor]:
+    """Fresh leaf copies of the inputs (shared when self-attention) for gradients."""
+    q = case.query.detach().clone().requires_grad_(True)
+    if case.key is case.query:
+        return q, q, q
+    k = case.key.detach().clone().requires_grad_(True)
+    v = case.value.detach().clone().requires_grad_(True)
+    return q, k, v
+
+
+def _torch_call(m: nn.MultiheadAttention, case: Case, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Call torch's module with the case's mask in torch's convention (True = blocked).
+
+    Padding masks go through ``key_padding_mask``, causal masks through a 2-D
+    ``attn_mask``, per-head masks through a ``(B*h, n_q, n_k)`` ``attn_mask``.
+    """
+    B, n_q, _ = q.shape
+    n_k, h = k.shape[1], m.num_heads
+    kw: dict[str, Tensor] = {}
+    mask = case.mask
+    if case.mask_kind == "padding":
+        kw["key_padding_mask"] = ~mask[:, 0, 0, :]  # type: ignore[index]  # (B, n_k)
+    elif case.mask_kind == "causal":
+        kw["attn_mask"] = ~mask  # type: ignore[operator]  # (n_q, n_k)
+    elif mask is not None:
+        full = mask.expand(B, h, n_q, n_k).reshape(B * h, n_q, n_k)  # (B*h, n_q, n_k)
+        kw["attn_mask"] = ~full
+    if not m.batch_first:
+        q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # (n, B, d_model)
+    out, weights = m(q, k, v, need_weights=True, average_attn_weights=False, **kw)
+    if not m.batch_first:
+        out = out.transpose(0, 1)
+    return out, weights  # (B, n_q, d_model), (B, h, n_q, n_k)
+
+
+def _grads_fused(mha: MultiHeadAttention) -> dict[str, Tensor]:
+    return {n: p.grad for n, p in mha.named_parameters()}  # type: ignore[misc]
+
+
+def _grads_separate_as_fused(sep: SeparateHeadsAttention) -> dict[str, Tensor]:
+    """The separate heads' weight gradients placed side by side, as the fused layout."""
+    g = {
+        "w_q": torch.cat([p.grad for p in sep.w_q], dim=1),  # type: ignore[misc]
+        "w_k": torch.cat([p.grad for p in sep.w_k], dim=1),  # type: ignore[misc]
+        "w_v": torch.cat([p.grad for p in sep.w_v], dim=1),  # type: ignore[misc]
+        "w_o": sep.w_o.grad,
+    }
+    if sep.bias:
+        g["b_q"] = torch.cat([p.grad for p in sep.b_q])  # type: ignore[misc,union-attr]
+        g["b_k"] = torch.cat([p.grad for p in sep.b_k])  # type: ignore[misc,union-attr]
+        g["b_v"] = torch.cat([p.grad for p in sep.b_v])  # type: ignore[misc,union-attr]
+        g["b_o"] = sep.b_o.grad
+    return g  # type: ignore[return-value]
+
+
+def _grads_torch_as_fused(m: nn.MultiheadAttention) -> dict[str, Tensor]:
+    """torch's gradients in attnlib's layout: ``in_proj_weight.grad`` is ``(3E, E)``."""
+    e = m.embed_dim
+    gw = m.in_proj_weight.grad  # (3E, E), nn.Linear orientation
+    assert gw is not None
+    g = {"w_q": gw[:e].T, "w_k": gw[e : 2 * e].T, "w_v": gw[2 * e :].T, "w_o": m.out_proj.weight.grad.T}  # type: ignore[union-attr]
+    if m.in_proj_bias is not None:
+        gb = m.in_proj_bias.grad
+        g |= {"b_q": gb[:e], "b_k": gb[e : 2 * e], "b_v": gb[2 * e :], "b_o": m.out_proj.bias.grad}  # type: ignore[index]
+    return g  # type: ignore[return-value]
+
+
+def _input_grads(q: Tensor, k: Tensor, v: Tensor) -> list[Tensor]:
+    return [t.grad for t in ({id(t): t for t in (q, k, v)}).values()]  # type: ignore[misc]
+
+
+def _backward(out: Tensor, seed: int = 0) -> None:
+    """Backpropagate a fixed random linear functional of ``out`` (not just sum)."""
+    g = torch.Generator().manual_seed(seed)
+    out.backward(torch.randn(out.shape, generator=g, dtype=out.dtype))
+
+
+# ---- forward equivalences -------------------------------------------------------
+
+
+@SETTINGS
+@given(cases())
+def test_separate_equals_fused_forward(case: Case) -> None:
+    sep = SeparateHeadsAttention.from_fused(case.mha)
+    out_f, w_f = case.mha(*case.inputs, mask=case.mask)
+    out_s, w_s = sep(*case.inputs, mask=case.mask)
+    B, n_q, n_k = case.query.shape[0], case.query.shape[1], case.key.shape[1]
+    assert out_f.shape == (B, n_q, case.mha.d_model)
+    assert w_f is not None and w_f.shape == (B, case.mha.num_heads, n_q, n_k)
+    torch.testing.assert_close(out_s, out_f, **TOL)
+    torch.testing.assert_close(w_s, w_f, **TOL)
+    torch.testing.assert_close(w_f.sum(-1), torch.ones_like(w_f.sum(-1)), **TOL)  # every row reads something
+
+
+@SETTINGS
+@given(cases(), st.booleans())
+def test_fused_equals_torch_forward(case: Case, batch_first: bool) -> None:
+    m = case.mha.to_torch() if batch_first else _to_torch_seq_first(case.mha)
+    m.eval()
+    out_t, w_t = _torch_call(m, case, *case.inputs)
+    out_f, w_f = case.mha(*case.inputs, mask=case.mask)
+    torch.testing.assert_close(out_f, out_t, **TOL)
+    torch.testing.assert_close(w_f, w_t, **TOL)
+
+
+@SETTINGS
+@given(cases(masks=("none", "padding", "causal", "padding+causal", "per_head", "random")))
+def test_need_weights_false_gives_same_output(case: Case) -> None:
+    """The fast path (SDPA) gives the same output; also with all-masked rows ("random")."""
+    mask = case.mask
+    for module in (case.mha, SeparateHeadsAttention.from_fused(case.mha)):
+        out_w, weights = module(*case.inputs, mask=mask, need_weights=True)
+        out_n, none = module(*case.inputs, mask=mask, need_weights=False)
+        assert none is None and weights is not None
+        assert torch.isfinite(out_n).all()
+        torch.testing.assert_close(out_n, out_w, **TOL)
+
+
+def test_all_masked_query_reads_nothing() -> None:
+    """A query with no allowed key gets zero weights; its heads output zero."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2, bias=False, dtype=DTYPE)
+    x = torch.randn(1, 3, 8, dtype=DTYPE)
+    mask = torch.ones(1, 2, 3, 3, dtype=torch.bool)
+    mask[0, 1, 2] = False  # head 1, query 2: nothing allowed
+    out, w = mha(x, x, x, mask=mask)
+    assert w is not None
+    assert (w[0, 1, 2] == 0).all()
+    # the zero head contributes nothing: out = head 0's part only
+    sep = SeparateHeadsAttention.from_fused(mha)
+    out_s, _ = sep(x, x, x, mask=mask)
+    torch.testing.assert_close(out, out_s, **TOL)
+    for need_weights in (True, False):
+        q = x.clone().requires_grad_(True)
+        out, _ = mha(q, q, q, mask=mask, need_weights=need_weights)
+        out.sum().backward()
+        assert q.grad is not None and torch.isfinite(q.grad).all(), f"need_weights={need_weights}"
+
+
+# ---- gradients ---------------------------------------------------------------------
+
+
+@SETTINGS
+@given(cases())
+def test_gradients_separate_fused_torch(case: Case) -> None:
+    """d(out)/d(inputs) and d(out)/d(weights) agree; separate head i's w_q[i].grad is
+    the matching column block of the fused w_q.grad (likewise every role)."""
+    mha = case.mha
+    sep = SeparateHeadsAttention.from_fused(mha)
+    m = mha.to_torch()
+    grads = {}
+    for name, module in (("fused", mha), ("separate", sep), ("torch", m)):
+        module.zero_grad()
+        q, k, v = _leaves(case)
+        if name == "torch":
+            out, _ = _torch_call(m, case, q, k, v)
+        else:
+            out, _ = module(q, k, v, mask=case.mask)
+        _backward(out)
+        grads[name] = (_input_grads(q, k, v), module)
+    ref_inputs = grads["fused"][0]
+    for name in ("separate", "torch"):
+        for g, g_ref in zip(grads[name][0], ref_inputs, strict=True):
+            torch.testing.assert_close(g, g_ref, **TOL)
+    ref = _grads_fused(mha)
+    assert set(ref) == ({"w_q", "w_k", "w_v", "w_o"} | ({"b_q", "b_k", "b_v", "b_o"} if mha.bias else set()))
+    for other in (_grads_separate_as_fused(sep), _grads_torch_as_fused(m)):
+        assert set(other) == set(ref)
+        for n in ref:
+            torch.testing.assert_close(other[n], ref[n], **TOL, msg=lambda s, n=n: f"{n}: {s}")
+    d_k = mha.d_k
+    for i in range(mha.num_heads):  # the block statement, spelled out for w_q
+        torch.testing.assert_close(sep.w_q[i].grad, mha.w_q.grad[:, i * d_k : (i + 1) * d_k], **TOL)  # type: ignore[index]
+
+
+# ---- conversions ---------------------------------------------------------------------
+
+
+def _to_torch_seq_first(mha: MultiHeadAttention) -> nn.MultiheadAttention:
+    from attnlib.interop import write_torch_mha
+
+    return write_torch_mha(mha.attention_weights(), mha.num_heads, batch_first=False)
+
+
+@SETTINGS
+@given(
+    h=st.integers(1, 4),
+    d_k=st.integers(1, 4),
+    bias=st.booleans(),
+    batch_first=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_from_torch_round_trip(h: int, d_k: int, bias: bool, batch_first: bool, seed: int) -> None:
+    torch.manual_seed(seed)
+    m = nn.MultiheadAttention(h * d_k, h, bias=bias, batch_first=batch_first, dtype=DTYPE).eval()
+    if bias:
+        with torch.no_grad():
+            m.in_proj_bias.normal_()  # type: ignore[union-attr]
+            m.out_proj.bias.normal_()
+    mha = MultiHeadAttention.from_torch(m)
+    assert (mha.num_heads, mha.d_model, mha.bias) == (h, h * d_k, bias)
+    x = torch.randn(2, 3, h * d_k, dtype=DTYPE)
+    y = torch.randn(2, 4, h * d_k, dtype=DTYPE)
+    x_t, y_t = (x, y) if batch_first else (x.transpose(0, 1), y.transpose(0, 1))
+    out_t, _ = m(x_t, y_t, y_t)
+    if not batch_first:
+        out_t = out_t.transpose(0, 1)
+    torch.testing.assert_close(mha(x, y, y)[0], out_t, **TOL)
+    back = mha.to_torch()
+    assert back.batch_first and back.num_heads == h and (back.in_proj_bias is not None) == bias
+    torch.testing.assert_close(back.in_proj_weight, m.in_proj_weight, atol=0, rtol=0)
+    torch.testing.assert_close(back.out_proj.weight, m.out_proj.weight, atol=0, rtol=0)
+    if bias:
+        torch.testing.assert_close(back.in_proj_bias, m.in_proj_bias, atol=0, rtol=0)
+        torch.testing.assert_close(back.out_proj.bias, m.out_proj.bias, atol=0, rtol=0)
+    again = MultiHeadAttention.from_torch(back)
+    for n, p in mha.named_parameters():
+        torch.testing.assert_close(getattr(again, n), p, atol=0, rtol=0)
+
+
+@SETTINGS
+@given(cases(masks=("none",)))
+def test_separate_fused_and_weights_round_trips(case: Case) -> None:
+    mha = case.mha
+    back = SeparateHeadsAttention.from_fused(mha).to_fused()
+    again = MultiHeadAttention.from_weights(mha.attention_weights(), mha.num_heads)
+    for n, p in mha.named_parameters():
+        torch.testing.assert_close(getattr(back, n), p, atol=0, rtol=0)
+        torch.testing.assert_close(getattr(again, n), p, atol=0, rtol=0)
+    assert back.num_heads == again.num_heads == mha.num_heads
+
+
+def test_converted_modules_hold_copies() -> None:
+    mha = MultiHeadAttention(6, 2, dtype=DTYPE)
+    sep = SeparateHeadsAttention.from_fused(mha)
+    copy = MultiHeadAttention.from_weights(mha.attention_weights(), 2)
+    before = mha.w_q.detach().clone()
+    with torch.no_grad():
+        sep.w_q[0].add_(1.0)
+        copy.w_q.add_(1.0)
+    torch.testing.assert_close(mha.w_q, before, atol=0, rtol=0)
+
+
+def test_separate_heads_default_constructor() -> None:
+    torch.manual_seed(0)
+    sep = SeparateHeadsAttention(12, 3, bias=True)
+    assert len(sep.w_q) == 3 and sep.w_q[0].shape == (12, 4) and sep.w_o.shape == (12, 12)
+    assert sum(p.numel() for p in sep.parameters()) == 4 * 12 * 12 + 4 * 12
+    x = torch.randn(2, 5, 12)
+    out, w = sep(x, x, x)
+    assert out.shape == (2, 5, 12) and w is not None and w.shape == (2, 3, 5, 5)
+    assert not SeparateHeadsAttention(12, 3, bias=False).bias
+
+
+# ---- per-head views ------------------------------------------------------------------
+
+
+@SETTINGS
+@given(h=st.integers(1, 4), d_k=st.integers(1, 4), bias=st.booleans(), i=st.integers(0, 3))
+def test_head_views_share_storage(h: int, d_k: int, bias: bool, i: int) -> None:
+    i = i % h
+    mha = MultiHeadAttention(h * d_k, h, bias=bias, dtype=DTYPE)
+    cols = slice(i * d_k, (i + 1) * d_k)
+    head = mha.head(i)
+    views = {
+        "w_q": (mha.w_q_heads[i], head.w_q, mha.w_q[:, cols]),
+        "w_k": (mha.w_k_heads[i], head.w_k, mha.w_k[:, cols]),
+        "w_v": (mha.w_v_heads[i], head.w_v, mha.w_v[:, cols]),
+        "w_o": (mha.w_o_heads[i], head.w_o, mha.w_o[cols, :]),
+    }
+    assert mha.w_q_heads.shape == (h, h * d_k, d_k) and mha.w_o_heads.shape == (h, d_k, h * d_k)
+    for name, (a, b, block) in views.items():
+        fused = getattr(mha, name)
+        assert a.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+        torch.testing.assert_close(a, block, atol=0, rtol=0)
+        torch.testing.assert_close(b, block, atol=0, rtol=0)
+        with torch.no_grad():
+            fused.mul_(2.0).add_(1.0)  # in place, on the fused matrix
+        torch.testing.assert_close(a, fused[:, cols] if name != "w_o" else fused[cols, :], atol=0, rtol=0)
+        torch.testing.assert_close(b, a, atol=0, rtol=0)
+        with torch.no_grad():
+            b.zero_()  # in place, on the view: seen by the fused matrix
+        assert (fused[:, cols] if name != "w_o" else fused[cols, :]).abs().sum() == 0
+    if bias:
+        with torch.no_grad():
+            mha.b_q.fill_(3.0)  # type: ignore[union-attr]
+        assert head.b_q is not None and (head.b_q == 3.0).all() and head.b_q.shape == (d_k,)
+    else:
+        assert head.b_q is head.b_k is head.b_v is None
+
+
+def test_head_index_out_of_range() -> None:
+    mha = MultiHeadAttention(8, 2)
+    for i in (-1, 2):
+        with pytest.raises(IndexError, match=rf"head index {i} out of range for num_heads=2"):
+            mha.head(i)
+
+
+def test_parameter_count_independent_of_heads() -> None:
+    for h in (1, 2, 4, 8, 16):
+        for bias, extra in ((True, 4 * 64), (False, 0)):
+            n = sum(p.numel() for p in MultiHeadAttention(64, h, bias=bias).parameters())
+            assert n == 4 * 64 * 64 + extra
+
+
+def test_extra_repr_and_init() -> None:
+    mha = MultiHeadAttention(8, 2, bias=True)
+    assert "d_model=8, num_heads=2, d_k=4, bias=True" in repr(mha)
+    assert all((b == 0).all() for b in (mha.b_q, mha.b_k, mha.b_v, mha.b_o))  # type: ignore[union-attr]
+    bound = (6 / (8 + 8)) ** 0.5
+    assert all(w.abs().max() <= bound for w in (mha.w_q, mha.w_k, mha.w_v, mha.w_o))
+
+
+# ---- error paths -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [MultiHeadAttention, SeparateHeadsAttention])
+def test_error_d_model_not_divisible(cls: type[nn.Module]) -> None:
+    with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by num_heads \(3\)"):
+        cls(10, 3)
+
+
+@pytest.mark.parametrize("cls", [MultiHeadAttention, SeparateHeadsAttention])
+@pytest.mark.parametrize(
+    ("d_model", "num_heads", "message"),
+    [
+        (0, 1, "d_model must be a positive int, got 0"),
+        (8.0, 2, "d_model must be a positive int, got 8.0"),
+        (8, 0, "num_heads must be a positive int, got 0"),
+        (8, -2, "num_heads must be a positive int, got -2"),
+    ],
+)
+def test_error_bad_dims(cls: type[nn.Module], d_model: object, num_heads: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cls(d_model, num_heads)
+
+
+def _modules() -> list[nn.Module]:
+    mha = MultiHeadAttention(8, 2)
+    return [mha, SeparateHeadsAttention.from_fused(mha)]
+
+
+@pytest.mark.parametrize("module", _modules(), ids=["fused", "separate"])
+class TestInputErrors:
+    x = torch.randn(2, 3, 8)
+    y = torch.randn(2, 4, 8)
+
+    def test_wrong_rank(self, module: nn.Module) -> None:
+        with pytest.raises(ValueError, match=r"query must have shape \(B, n_q, d_model=8\), got \(3, 8\)"):
+            module(self.x[0], self.y, self.y)
+        with pytest.raises(ValueError, match=r"key must have shape \(B, n_k, d_model=8\), got \(1, 2, 4, 8\)"):
+            module(self.x, self.y[None], self.y)
+
+    def test_wrong_width(self, module: nn.Module) -> None:
+        with pytest.raises(ValueError, match=r"value must have shape \(B, n_k, d_model=8\), got \(2, 4, 6\)"):
+            module(self.x, self.y, self.y[..., :6])
+        with pytest.raises(ValueError, match=r"query must have shape \(B, n_q, d_model=8\), got \(2, 3, 9\)"):
+            module(torch.randn(2, 3, 9), self.y, self.y)
+
+    def test_not_a_tensor(self, module: nn.Module) -> None:
+        with pytest.raises(TypeError, match="key must be a torch.Tensor, got list"):
+            module(self.x, [[0.0] * 8], self.y)
+
+    def test_key_value_length_mismatch(self, module: nn.Module) -> None:
+        with pytest.raises(ValueError, match=r"key has shape \(2, 4, 8\), value has shape \(2, 3, 8\)"):
+            module(self.x, self.y, self.x)
+
+    def test_key_value_batch_mismatch(self, module: nn.Module) -> None:
+        with pytest.raises(ValueError, match=r"key and value must have the same batch size"):
+            module(self.x, self.y, self.y[:1])
+
+    def test_query_key_batch_mismatch(self, module: nn.Module) -> None:
+        with pytest.raises(ValueError, match=r"same batch size B: query \(2, 3, 8\), key \(1, 4, 8\)"):
+            module(self.x, self.y[:1], self.y[:1])
+
+    def test_no_keys(self, module: nn.Module) -> None:
+        with pytest.raises(ValueError, match=r"key must hold at least one position, got \(2, 0, 8\)"):
+            module(self.x, self.y[:, :0], self.y[:, :0])
+
+    def test_mask_dtype(self, module: nn.Module) -> None:
+        for bad in (torch.ones(3, 4), torch.ones(3, 4, dtype=torch.int64)):
+            with pytest.raises(ValueError, match=r"mask must have dtype torch.bool \(True = may attend\)"):
+                module(self.x, self.y, self.y, mask=bad)
+
+    def test_mask_shape(self, module: nn.Module) -> None:
+        bad_shapes = [(3, 5), (4, 3), (3, 2, 3, 4), (2, 3, 3, 4), (1, 2, 2, 3, 4)]
+        for shape in bad_shapes:
+            with pytest.raises(ValueError, match=r"does not broadcast to the scores' shape \(2, 2, 3, 4\)"):
+                module(self.x, self.y, self.y, mask=torch.ones(shape, dtype=torch.bool))
+
+    def test_mask_not_a_tensor(self, module: nn.Module) -> None:
+        with pytest.raises(TypeError, match="mask must be a torch.Tensor"):
+            module(self.x, self.y, self.y, mask=[[True] * 4] * 3)
+
+    def test_good_mask_shapes_accepted(self, module: nn.Module) -> None:
+        for shape in [(4,), (3, 4), (1, 4), (2, 1, 1, 4), (2, 3, 4), (2, 2, 3, 4), (1, 1, 3, 1)]:
+            out, w = module(self.x, self.y, self.y, mask=torch.ones(shape, dtype=torch.bool))
+            assert out.shape == (2, 3, 8) and w is not None and w.shape == (2, 2, 3, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kdim": 4}, r"kdim=4 and vdim=8 must equal embed_dim=8"),
+        ({"vdim": 6}, r"kdim=8 and vdim=6 must equal embed_dim=8"),
+        ({"add_bias_kv": True}, r"add_bias_kv=True is not supported"),
+        ({"add_zero_attn": True}, r"add_zero_attn=True is not supported"),
+    ],
+)
+def test_from_torch_unsupported_features(kwargs: dict[str, object], message: str) -> None:
+    m = nn.MultiheadAttention(8, 2, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention.from_torch(m)
+
+
+def test_from_torch_wrong_type() -> None:
+    with pytest.raises(TypeError, match="expected torch.nn.MultiheadAttention, got Linear"):
+        MultiHeadAttention.from_torch(nn.Linear(4, 4))  # type: ignore[arg-type]
