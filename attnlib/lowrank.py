@@ -1,0 +1,383 @@
+r"""The factored product behind every head: :math:`W_i^{QK}` and :math:`W_i^{OV}` (chapter 4).
+
+A head's scores use :math:`W_i^Q` and :math:`W_i^K` only through their product,
+
+.. math::
+    (X W_i^Q)(X W_i^K)^\top = X\, W_i^{QK} X^\top, \qquad
+    W_i^{QK} = W_i^Q {W_i^K}^\top \in \mathbb{R}^{d_{model} \times d_{model}},
+
+and what it writes uses :math:`W_i^V` and :math:`W_i^O` only through
+:math:`W_i^{OV} = W_i^V W_i^O` (Elhage et al., 2021). Both are products of a tall and a
+wide factor, so their rank is at most :math:`d_k` (or :math:`d_v`).
+
+:class:`FactoredMatrix` is the home for such a product ``M = left @ right``: it keeps
+the two factors and answers questions about ``M`` (its SVD, rank, stable rank,
+parameter and FLOP counts) without forming the ``m x n`` matrix unless asked.
+:func:`qk_circuit` and :func:`ov_circuit` build it from a
+:class:`~attnlib.multihead.MultiHeadAttention`.
+
+Orientation as everywhere in attnlib: row vectors, ``x @ M``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnlib.attention import _shape
+from attnlib.multihead import MultiHeadAttention
+
+__all__ = ["FactoredMatrix", "FlopCount", "qk_circuit", "ov_circuit"]
+
+
+class FlopCount(NamedTuple):
+    """Floating-point operations of one computation done two ways (a multiply-add is 2)."""
+
+    factored: int
+    full: int
+
+
+def _check_factor(name: str, t: object, expected: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() < 2:
+        raise ValueError(f"{name} must have shape {expected}, got {_shape(t)}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if 0 in t.shape[-2:]:
+        raise ValueError(f"{name} must have non-empty matrix dimensions {expected}, got {_shape(t)}")
+    return t
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class FactoredMatrix:
+    r"""The product ``M = left @ right`` of a tall and a wide factor, kept factored.
+
+    .. math::
+        M = L R, \qquad L \in \mathbb{R}^{m \times r},\; R \in \mathbb{R}^{r \times n},
+        \qquad \operatorname{rank} M \le r .
+
+    Shapes: ``left``: ``(..., m, r)``, ``right``: ``(..., r, n)``; the batch dimensions
+    ``...`` broadcast (e.g. one matrix per head: ``(h, m, r)`` and ``(h, r, n)``).
+    ``M`` is ``(..., m, n)``. Nothing of size ``m x n`` is formed except by :meth:`full`.
+
+    Every question about ``M`` is answered through the factors:
+
+    - :meth:`svd`: QR of each factor, then the SVD of an ``r x r`` core;
+    - :attr:`singular_values`, :meth:`rank`, :attr:`stable_rank`;
+    - :attr:`num_params` against :attr:`full_params`, :meth:`apply_flops` and
+      :meth:`bilinear_flops` against the full matrix;
+    - :meth:`gauge` (``left @ A``, ``A^{-1} @ right``: same product, other factors) and
+      :meth:`balanced` (the factorisation read off the SVD);
+    - ``x @ fm`` computes ``(x @ left) @ right``; :meth:`bilinear` computes
+      ``x @ M @ y^T``, the form of attention scores.
+    """
+
+    def __init__(self, left: Tensor, right: Tensor) -> None:
+        left = _check_factor("left", left, "(..., m, r)")
+        right = _check_factor("right", right, "(..., r, n)")
+        if left.shape[-1] != right.shape[-2]:
+            raise ValueError(
+                f"left (..., m, r) and right (..., r, n) must share the inner dimension r: "
+                f"left has shape {_shape(left)} (r = {left.shape[-1]}), "
+                f"right has shape {_shape(right)} (r = {right.shape[-2]})"
+            )
+        if left.dtype != right.dtype or left.device != right.device:
+            raise ValueError(
+                f"left and right must have the same dtype and device: left is {left.dtype} on "
+                f"{left.device}, right is {right.dtype} on {right.device}"
+            )
+        try:
+            batch = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2])
+        except RuntimeError:
+            raise ValueError(
+                f"the batch dimensions of left {_shape(left)} and right {_shape(right)} do not broadcast"
+            ) from None
+        self.left = left.expand(*batch, *left.shape[-2:])  # (..., m, r)
+        self.right = right.expand(*batch, *right.shape[-2:])  # (..., r, n)
+
+    # ---- sizes ----------------------------------------------------------------
+    @property
+    def batch_shape(self) -> torch.Size:
+        """The batch dimensions ``...`` (``torch.Size([])`` for a single matrix)."""
+        return self.left.shape[:-2]
+
+    @property
+    def shape(self) -> torch.Size:
+        """``(..., m, n)``, the shape of the product."""
+        return self.batch_shape + torch.Size([self.m, self.n])
+
+    @property
+    def m(self) -> int:
+        return self.left.shape[-2]
+
+    @property
+    def r(self) -> int:
+        """The inner dimension: ``rank(M) <= r``."""
+        return self.left.shape[-1]
+
+    @property
+    def n(self) -> int:
+        return self.right.shape[-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.left.dtype
+
+    @property
+    def _count(self) -> int:
+        return self.batch_shape.numel()
+
+    def __repr__(self) -> str:
+        batch = f"batch={tuple(self.batch_shape)}, " if self.batch_shape else ""
+        return f"FactoredMatrix({batch}m={self.m}, r={self.r}, n={self.n}, dtype={self.dtype})"
+
+    def __getitem__(self, index: int | slice) -> "FactoredMatrix":
+        """Index the batch dimensions: ``fm[i]`` is head ``i``'s matrix."""
+        if not self.batch_shape:
+            raise IndexError(f"a single matrix {_shape(self.shape)} has no batch dimension to index")
+        return FactoredMatrix(self.left[index], self.right[index])
+
+    @property
+    def T(self) -> "FactoredMatrix":
+        """:math:`M^\\top = R^\\top L^\\top`, still factored: ``(..., n, m)``."""
+        return FactoredMatrix(self.right.mT, self.left.mT)
+
+    # ---- the product ----------------------------------------------------------
+    def full(self) -> Tensor:
+        """``M = left @ right``: ``(..., m, n)``, formed explicitly."""
+        return self.left @ self.right  # (..., m, n)
+
+    def __rmatmul__(self, x: Tensor) -> Tensor:
+        """``x @ fm`` = ``(x @ left) @ right``: ``x`` ``(..., k, m)`` -> ``(..., k, n)``."""
+        if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != self.m:
+            got = _shape(x) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x @ M needs x of shape (..., k, m={self.m}), got {got}")
+        return (x @ self.left) @ self.right  # (..., k, r) -> (..., k, n)
+
+    def bilinear(self, x: Tensor, y: Tensor) -> Tensor:
+        r"""The bilinear form ``x @ M @ y^T`` through the factors: :math:`(xL)(yR^\top)^\top`.
+
+        With ``M`` a head's :math:`W_i^{QK}` and ``x = y = X`` this is the head's
+        unscaled score matrix, :math:`(XW_i^Q)(XW_i^K)^\top`.
+
+        Shapes: ``x``: ``(..., n_x, m)``, ``y``: ``(..., n_y, n)`` -> ``(..., n_x, n_y)``.
+        """
+        for name, t, d in (("x", x, self.m), ("y", y, self.n)):
+            if not isinstance(t, Tensor) or t.dim() < 2 or t.shape[-1] != d:
+                got = _shape(t) if isinstance(t, Tensor) else type(t).__name__
+                dim = "m" if name == "x" else "n"
+                raise ValueError(f"{name} must have shape (..., n_{name}, {dim}={d}), got {got}")
+        xl = x @ self.left  # (..., n_x, r): the queries
+        yr = y @ self.right.mT  # (..., n_y, r): the keys
+        return xl @ yr.mT  # (..., n_x, n_y)
+
+    # ---- spectrum ---------------------------------------------------------------
+    def _core(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``M = Q_L C Q_R^T`` with orthonormal ``Q_L, Q_R`` and a small core ``C``."""
+        q_l, r_l = torch.linalg.qr(self.left)  # (..., m, k_l), (..., k_l, r)
+        q_r, r_r = torch.linalg.qr(self.right.mT)  # (..., n, k_r), (..., k_r, r)
+        core = r_l @ r_r.mT  # (..., k_l, k_r), at most r x r
+        return q_l, core, q_r
+
+    def svd(self) -> tuple[Tensor, Tensor, Tensor]:
+        r"""The thin SVD ``M = U diag(S) Vh``, from an ``r x r`` problem.
+
+        With :math:`L = Q_L R_L` and :math:`R^\top = Q_R R_R` (thin QR),
+        :math:`M = Q_L (R_L R_R^\top) Q_R^\top`. The core :math:`C = R_L R_R^\top` is at
+        most ``r x r``; if :math:`C = U_C\, \mathrm{diag}(S)\, V_C^\top` then
+        :math:`U = Q_L U_C` and :math:`V = Q_R V_C` have orthonormal columns, so this is
+        the SVD of ``M``. Cost :math:`O((m + n) r^2)` instead of :math:`O(m n \min(m, n))`.
+
+        Returns ``U``: ``(..., m, k)``, ``S``: ``(..., k)`` (decreasing), ``Vh``:
+        ``(..., k, n)``, with ``k = min(m, n, r)``.
+        """
+        q_l, core, q_r = self._core()
+        u_c, s, vh_c = torch.linalg.svd(core, full_matrices=False)  # (.., k_l, k), (.., k), (.., k, k_r)
+        return q_l @ u_c, s, vh_c @ q_r.mT  # (..., m, k), (..., k), (..., k, n)
+
+    @property
+    def singular_values(self) -> Tensor:
+        """``(..., k)``, decreasing, ``k = min(m, n, r)``; the rest of ``M``'s are zero."""
+        _, core, _ = self._core()
+        return torch.linalg.svdvals(core)  # (..., k)
+
+    def rank(self, tol: float | None = None) -> Tensor:
+        r"""Numerical rank: the number of singular values above ``tol * s_max``.
+
+        ``tol`` is relative to the largest singular value; by default
+        ``eps(dtype) * max(m, n)``, the rule of :func:`torch.linalg.matrix_rank`.
+        Returns an integer tensor of shape ``...`` (a 0-d tensor for one matrix).
+        """
+        if tol is None:
+            tol = torch.finfo(self.dtype).eps * max(self.m, self.n)
+        elif isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+            raise ValueError(f"tol must be a number in [0, 1), relative to the largest singular value, got {tol!r}")
+        s = self.singular_values  # (..., k)
+        return (s > tol * s[..., :1]).sum(-1)  # (...,)
+
+    @property
+    def stable_rank(self) -> Tensor:
+        r""":math:`\lVert M \rVert_F^2 / \lVert M \rVert_2^2 = \sum_j s_j^2 / s_1^2`
+        (Rudelson and Vershynin, 2007): between 1 and ``rank(M)``, and unlike the rank it
+        changes little when tiny singular values move. Shape ``...``; 0 for ``M = 0``.
+        """
+        s = self.singular_values  # (..., k)
+        top = s[..., 0]  # (...,)
+        safe = torch.where(top > 0, top, torch.ones_like(top))
+        return torch.where(top > 0, (s**2).sum(-1) / safe**2, torch.zeros_like(top))
+
+    # ---- costs --------------------------------------------------------------------
+    @property
+    def num_params(self) -> int:
+        """Numbers stored in the factors: ``r (m + n)`` per matrix, summed over the batch."""
+        return self._count * self.r * (self.m + self.n)
+
+    @property
+    def full_params(self) -> int:
+        """Numbers stored by the formed matrix: ``m n`` per matrix, summed over the batch."""
+        return self._count * self.m * self.n
+
+    def apply_flops(self, n_rows: int) -> FlopCount:
+        r"""FLOPs of ``x @ M`` for ``x`` with ``n_rows`` rows, per matrix summed over the batch.
+
+        Factored, ``(x L) R``: :math:`2\,n_{rows}\, r\,(m + n)`; full, ``x M``:
+        :math:`2\,n_{rows}\, m n` (not counting the one-off :math:`2 m r n` to form ``M``).
+        """
+        k = _positive_int("n_rows", n_rows)
+        m, r, n = self.m, self.r, self.n
+        return FlopCount(factored=self._count * 2 * k * r * (m + n), full=self._count * 2 * k * m * n)
+
+    def bilinear_flops(self, n_x: int, n_y: int) -> FlopCount:
+        r"""FLOPs of ``x @ M @ y^T`` (``n_x`` by ``n_y`` scores), per matrix summed over the batch.
+
+        Factored, :math:`(xL)(yR^\top)^\top`: :math:`2 r (n_x m + n_y n + n_x n_y)`.
+        Full, the cheaper of :math:`(xM)y^\top` and :math:`x(My^\top)`:
+        :math:`2 \min(n_x m n + n_x n n_y,\; m n n_y + n_x m n_y)`.
+        """
+        a = _positive_int("n_x", n_x)
+        b = _positive_int("n_y", n_y)
+        m, r, n = self.m, self.r, self.n
+        factored = 2 * r * (a * m + b * n + a * b)
+        full = 2 * min(a * m * n + a * n * b, m * n * b + a * m * b)
+        return FlopCount(factored=self._count * factored, full=self._count * full)
+
+    # ---- other factorisations of the same product ------------------------------------
+    def gauge(self, a: Tensor) -> "FactoredMatrix":
+        r"""The same product with other factors: ``(left @ a, a^{-1} @ right)``.
+
+        .. math::
+            (L A)(A^{-1} R) = L R \quad \text{for every invertible } A \in \mathbb{R}^{r \times r}.
+
+        For a head's :math:`W_i^{QK}` (``left`` :math:`= W_i^Q`, ``right``
+        :math:`= {W_i^K}^\top`) the new factors are :math:`W_i^Q A` and
+        :math:`(W_i^K A^{-\top})^\top`: other queries and keys, the same scores.
+
+        ``a``: ``(r, r)`` or ``(..., r, r)`` (batch dimensions broadcast), same dtype and
+        device as the factors, and invertible: a singular (or numerically singular,
+        condition number above ``1/eps``) ``a`` raises ``ValueError``.
+        """
+        if not isinstance(a, Tensor):
+            raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
+        r = self.r
+        if a.dim() < 2 or a.shape[-2:] != (r, r):
+            raise ValueError(f"a must have shape (..., r, r) with r = {r}, got {_shape(a)}")
+        if a.dtype != self.dtype or a.device != self.left.device:
+            raise ValueError(
+                f"a must have the factors' dtype and device ({self.dtype} on {self.left.device}), "
+                f"got {a.dtype} on {a.device}"
+            )
+        try:
+            torch.broadcast_shapes(a.shape[:-2], self.batch_shape)
+        except RuntimeError:
+            raise ValueError(
+                f"a's batch dimensions {_shape(a)} do not broadcast with the factors' {_shape(self.batch_shape)}"
+            ) from None
+        cond = torch.linalg.cond(a)  # (...,): s_max / s_min, inf when singular
+        limit = 1.0 / torch.finfo(a.dtype).eps
+        if not bool(torch.all(torch.isfinite(cond) & (cond < limit))):
+            worst = torch.nan_to_num(cond, nan=float("inf")).max().item()  # 0/0 for a = 0
+            raise ValueError(
+                f"a must be invertible, but it is singular or numerically singular "
+                f"(condition number {worst:.3g}, limit {limit:.3g} for {a.dtype})"
+            )
+        left = self.left @ a  # (..., m, r)
+        right = torch.linalg.solve(a, self.right)  # (..., r, n): a^{-1} @ right
+        return FactoredMatrix(left, right)
+
+    def balanced(self) -> "FactoredMatrix":
+        r"""The factorisation read off the SVD: ``(U sqrt(S), sqrt(S) Vh)``.
+
+        .. math::
+            M = U \Sigma V^\top = (U \Sigma^{1/2})(\Sigma^{1/2} V^\top).
+
+        Both factors carry the same Gram matrix, :math:`\Sigma`
+        (``left.mT @ left == right @ right.mT == diag(S)``), so neither factor is
+        larger than the other. Inner dimension ``k = min(m, n, r)``.
+        """
+        u, s, vh = self.svd()  # (..., m, k), (..., k), (..., k, n)
+        root = s.sqrt()  # (..., k)
+        return FactoredMatrix(u * root.unsqueeze(-2), root.unsqueeze(-1) * vh)
+
+    @classmethod
+    def from_matrix(cls, matrix: Tensor, rank: int) -> "FactoredMatrix":
+        r"""Split ``matrix`` ``(..., m, n)`` into two factors of inner dimension ``rank``.
+
+        The truncated SVD, balanced: :math:`(U_{:k} \Sigma_k^{1/2})(\Sigma_k^{1/2} V_{:k}^\top)`
+        with ``k = rank``. The product equals ``matrix`` exactly when
+        ``rank(matrix) <= rank``; otherwise it is the best approximation of that rank
+        (Eckart-Young).
+        """
+        matrix = _check_factor("matrix", matrix, "(..., m, n)")
+        k = _positive_int("rank", rank)
+        if k > min(matrix.shape[-2:]):
+            raise ValueError(f"rank must be at most min(m, n) = {min(matrix.shape[-2:])} for matrix {_shape(matrix)}, got {k}")
+        u, s, vh = torch.linalg.svd(matrix, full_matrices=False)  # (.., m, p), (.., p), (.., p, n)
+        root = s[..., :k].sqrt()  # (..., k)
+        return cls(u[..., :k] * root.unsqueeze(-2), root.unsqueeze(-1) * vh[..., :k, :])
+
+
+# ---- the two circuits of a head -----------------------------------------------------
+def _heads(mha: object, head: int | None) -> int | None:
+    if not isinstance(mha, MultiHeadAttention):
+        raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
+    if head is None:
+        return None
+    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < mha.num_heads:
+        raise IndexError(f"head must be an int in [0, {mha.num_heads}) for num_heads={mha.num_heads}, got {head!r}")
+    return head
+
+
+def qk_circuit(mha: MultiHeadAttention, head: int | None = None) -> FactoredMatrix:
+    r"""Head ``head``'s :math:`W_i^{QK} = W_i^Q {W_i^K}^\top`, factored: ``(d_model, d_model)``, rank <= d_k.
+
+    ``left`` = :math:`W_i^Q` ``(d_model, d_k)``, ``right`` = :math:`{W_i^K}^\top`
+    ``(d_k, d_model)``. With ``head=None``, all heads at once: batch ``(h,)``.
+    The factors are detached views of ``mha``'s weights. Biases are not part of the
+    bilinear form (they add terms linear in the query or key token).
+    """
+    i = _heads(mha, head)
+    w_q = mha.w_q_heads.detach()  # (h, d_model, d_k)
+    w_k = mha.w_k_heads.detach()  # (h, d_model, d_k)
+    fm = FactoredMatrix(w_q, w_k.mT)  # (h, d_model, d_k) @ (h, d_k, d_model)
+    return fm if i is None else fm[i]
+
+
+def ov_circuit(mha: MultiHeadAttention, head: int | None = None) -> FactoredMatrix:
+    r"""Head ``head``'s :math:`W_i^{OV} = W_i^V W_i^O`, factored: ``(d_model, d_model)``, rank <= d_v.
+
+    ``left`` = :math:`W_i^V` ``(d_model, d_v)``, ``right`` = :math:`W_i^O` ``(d_v, d_model)``:
+    a token's contribution to the layer's output, per unit of attention paid to it.
+    With ``head=None``, all heads at once: batch ``(h,)``. Detached views of ``mha``'s
+    weights; biases are not included.
+    """
+    i = _heads(mha, head)
+    fm = FactoredMatrix(mha.w_v_heads.detach(), mha.w_o_heads.detach())  # (h, d_model, d_v) @ (h, d_v, d_model)
+    return fm if i is None else fm[i]
