@@ -7,8 +7,10 @@ Masks are boolean and ``True`` means *may attend*, the convention of
 :func:`torch.nn.functional.scaled_dot_product_attention`.
 
 A query whose keys are **all** masked out has nothing to read. attnlib defines
-its weights to be all zero and its output to be the zero vector (PyTorch's
-``scaled_dot_product_attention`` returns NaN there instead).
+its weights to be all zero and its output to be the zero vector. A plain softmax
+over a row of ``-inf`` would give NaN; the ``scaled_dot_product_attention`` of
+the PyTorch version the book pins (2.13) also returns zeros there (the tests
+check both).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def _check_mask(mask: Tensor, target: torch.Size, name: str = "mask") -> None:
         raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
         raise ValueError(
-            f"{name} must have dtype torch.bool (True = may attend), got {mask.dtype}; "
+            f"{name} must have dtype torch.bool (True = may attend), got {name} of shape "
+            f"{_shape(mask)} and dtype {mask.dtype}; "
             f"convert an additive float mask with `{name} == 0` or a 0/1 mask with `{name}.bool()`"
         )
     try:
@@ -114,8 +117,8 @@ def attention(
     - ``v``: ``(..., n_k, d_v)``
     - ``mask``: bool, broadcastable to ``(..., n_q, n_k)`` (``(n_k,)`` for a single
       query); ``True`` = may attend
-    - returns ``output``: ``(..., n_q, d_v)`` (``(d_v,)`` for a single query) and
-      ``weights``: ``(..., n_q, n_k)`` (``(n_k,)`` for a single query)
+    - returns ``output``: ``(..., n_q, d_v)`` and ``weights``: ``(..., n_q, n_k)``;
+      for a single query the ``n_q`` axis is dropped: ``(..., d_v)`` and ``(..., n_k)``
 
     Args:
         scale: multiplies the scores; default :math:`1/\sqrt{d_k}`.
@@ -123,9 +126,11 @@ def attention(
     A query whose keys are all masked gets zero weights and a zero output.
 
     Raises:
-        ValueError: q and k of different widths, k and v of different lengths, no
-            keys, batch dimensions that do not broadcast, a mask that is not bool
-            or does not broadcast to the scores.
+        TypeError: q, k, v or mask not a tensor.
+        ValueError: a tensor of the wrong rank, q, k and v not of one floating-point
+            dtype, q and k of different widths (or width 0), k and v of different
+            lengths, no keys, batch dimensions that do not broadcast, a mask that is
+            not bool or does not broadcast to the scores without enlarging them.
     """
     for name, t, min_dim in (("q", q, 1), ("k", k, 2), ("v", v, 2)):
         if not isinstance(t, Tensor):
@@ -133,6 +138,12 @@ def attention(
         if t.dim() < min_dim:
             expected = "(d_k,) or (..., n_q, d_k)" if name == "q" else f"(..., n_k, d_{name})"
             raise ValueError(f"{name} must have shape {expected}, got {_shape(t)}")
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
+        raise ValueError(
+            f"q, k and v must share one floating-point dtype: q has shape {_shape(q)} and dtype "
+            f"{q.dtype}, k has shape {_shape(k)} and dtype {k.dtype}, v has shape {_shape(v)} "
+            f"and dtype {v.dtype}"
+        )
     single = q.dim() == 1
     if single:
         q = q.unsqueeze(0)  # (1, d_k)
@@ -148,6 +159,8 @@ def attention(
         )
     if k.shape[-2] == 0:
         raise ValueError(f"attention needs at least one key, got k of shape {_shape(k)}")
+    if k.shape[-1] == 0:
+        raise ValueError(f"q and k must have width d_k >= 1, got k of shape {_shape(k)}")
     try:
         batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
@@ -176,6 +189,7 @@ def attention(
         weights = torch.softmax(scores, dim=-1)  # (..., n_q, n_k)
     else:
         weights = _masked_softmax(scores, mask)  # (..., n_q, n_k)
+    weights = weights.expand(*batch, *scores.shape[-2:])  # batch dims that only v had
     output = weights @ v  # (..., n_q, d_v)
     if single:
         return output.squeeze(-2), weights.squeeze(-2)
