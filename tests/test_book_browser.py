@@ -1,0 +1,274 @@
+"""The rendered book as a reader meets it: built, served on localhost, opened in Chromium.
+
+Needs Debian's Chromium (``apt-get install chromium``) and the ``playwright`` Python
+package (in requirements.txt; Playwright's own browser download is not used). Without
+a browser these tests skip with a message saying how to install one, except under
+``CI=true``, where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+def _chromium() -> str | None:
+    env = os.environ.get("ATTNLIB_CHROMIUM")
+    for path in ([env] if env else []) + list(CHROMIUM_CANDIDATES):
+        if path and Path(path).is_file():
+            return path
+    return shutil.which("chromium")
+
+
+def _require_browser() -> str:
+    chromium = _chromium()
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        chromium = None
+    if chromium is None:
+        msg = (
+            "browser tests need Chromium and the playwright package: "
+            "`apt-get install chromium` and `pip install -r requirements.txt` "
+            "(or set ATTNLIB_CHROMIUM to a Chromium binary)"
+        )
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return chromium
+
+
+def _toc_pages() -> list[str]:
+    """Page names (without suffix) in ``_toc.yml`` order, root first."""
+    text = (ROOT / "_toc.yml").read_text()
+    root = re.search(r"^root:\s*(\S+)", text, re.M)
+    assert root, "_toc.yml has no root"
+    return [root.group(1)] + re.findall(r"-\s*file:\s*(\S+)", text)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Build the book into a temporary folder and serve it on 127.0.0.1."""
+    _require_browser()
+    out = tmp_path_factory.mktemp("book")
+    exe = Path(sys.executable).parent / "jupyter-book"
+    jb = str(exe) if exe.is_file() else shutil.which("jupyter-book")
+    assert jb, "jupyter-book is not installed: pip install -r requirements.txt"
+    cmd = [jb, "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    html = out / "_build" / "html"
+    handler = functools.partial(QuietHandler, directory=str(html))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser(site: str) -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=_require_browser(), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class PageVisit:
+    """A page opened in a fresh tab, with every console error, page error and
+    request that left localhost recorded."""
+
+    def __init__(self, browser: object, url: str, width: int = 1280) -> None:
+        self.errors: list[str] = []
+        self.external: list[str] = []
+        self.page = browser.new_page(viewport={"width": width, "height": 900})  # type: ignore[attr-defined]
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.route("**/*", self._route)
+        self.page.goto(url, wait_until="domcontentloaded")
+        # MathJax 3 resolves startup.promise once it has typeset the page.
+        self.page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && "
+                                    "window.MathJax.startup.promise)", timeout=15000)
+        self.page.evaluate("() => window.MathJax ? MathJax.startup.promise : null")
+        # Images: wait until each has loaded or failed (naturalWidth tells which later).
+        self.page.wait_for_function(
+            "() => [...document.images].every(i => i.complete)", timeout=15000)
+
+    def _route(self, route: object) -> None:
+        url = route.request.url  # type: ignore[attr-defined]
+        if urlparse(url).hostname in ("127.0.0.1", "localhost") or url.startswith(("data:", "blob:")):
+            route.continue_()  # type: ignore[attr-defined]
+        else:
+            self.external.append(url)
+            route.abort()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.page.close()
+
+
+PAGES = _toc_pages()
+
+# What a page looks like to the reader, read once per page and width; the tests
+# below assert on these records.
+_READ_PAGE = """() => {
+    const math = [...document.querySelectorAll('span.math, div.math')];
+    const abs = a => a.href;
+    return {
+        title: document.title,
+        mathTotal: math.length,
+        untypeset: math.filter(n => !n.querySelector('mjx-container')).map(n => n.textContent.slice(0, 80)),
+        mathErrors: document.querySelectorAll('mjx-merror').length,
+        mathjaxSrc: [...document.scripts].map(s => s.src).filter(s => /mathjax/i.test(s)),
+        text: (document.querySelector('article') || document.body).innerText,
+        images: [...document.querySelectorAll('article img')].map(i => ({
+            src: i.getAttribute('src'), ok: i.complete && i.naturalWidth > 0, alt: i.getAttribute('alt')})),
+        captions: [...document.querySelectorAll('article figure')].map(
+            f => (f.querySelector('figcaption') || {textContent: ''}).textContent.trim()),
+        nav: [...document.querySelectorAll('nav.bd-docs-nav a')].map(abs),
+        next: [...document.querySelectorAll('a.right-next')].map(abs),
+        prev: [...document.querySelectorAll('a.left-prev')].map(abs),
+        downloads: [...document.querySelectorAll('.dropdown-download-buttons a')].map(abs),
+        overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+    };
+}"""
+
+
+@pytest.fixture(scope="module")
+def pages(browser: object, site: str) -> dict[str, dict[str, dict]]:
+    """Every page read at desktop width (1280 px), then at phone width (390 px)."""
+    records: dict[str, dict[str, dict]] = {"desktop": {}, "phone": {}}
+    for name in PAGES:
+        visit = PageVisit(browser, urljoin(site, f"{name}.html"), width=1280)
+        try:
+            records["desktop"][name] = visit.page.evaluate(_READ_PAGE)
+            visit.page.set_viewport_size({"width": 390, "height": 800})
+            visit.page.wait_for_timeout(100)  # let the layout settle
+            records["phone"][name] = visit.page.evaluate(_READ_PAGE)
+            for record in records["desktop"][name], records["phone"][name]:
+                record["errors"], record["external"] = visit.errors, visit.external
+        finally:
+            visit.close()
+    return records
+
+
+@pytest.fixture(scope="module")
+def desktop(pages: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    return pages["desktop"]
+
+
+@pytest.fixture(scope="module")
+def phone(pages: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    return pages["phone"]
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_math_is_typeset_by_the_books_own_mathjax(desktop: dict, site: str, name: str) -> None:
+    page = desktop[name]
+    assert page["title"], f"{name}: empty <title>"
+    assert not page["untypeset"], f"{name}: math left as raw TeX: {page['untypeset'][:3]}"
+    assert page["mathErrors"] == 0, f"{name}: {page['mathErrors']} MathJax errors"
+    if page["mathTotal"]:
+        assert page["mathjaxSrc"], f"{name}: has math but loads no MathJax"
+    assert all(s.startswith(site) for s in page["mathjaxSrc"]), (
+        f"{name}: MathJax must be served by the book, got {page['mathjaxSrc']}"
+    )
+    for raw in ("\\frac", "\\mathrm", "\\sqrt", "$$"):
+        assert raw not in page["text"], f"{name}: raw TeX {raw!r} visible in the page text"
+
+
+def test_the_chapters_have_math(desktop: dict) -> None:
+    """Guards the test above against passing on pages that simply have no math."""
+    for name in PAGES:
+        if name.startswith("chapters/"):
+            assert desktop[name]["mathTotal"] >= 5, f"{name}: only {desktop[name]['mathTotal']} formulas"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_images_load_with_alt_text_and_captions(desktop: dict, name: str) -> None:
+    page = desktop[name]
+    broken = [i["src"] for i in page["images"] if not i["ok"]]
+    assert not broken, f"{name}: images that did not load: {broken}"
+    no_alt = [i["src"] for i in page["images"] if not (i["alt"] or "").strip()]
+    assert not no_alt, f"{name}: images without alt text: {no_alt}"
+    assert all(page["captions"]), f"{name}: a figure without a caption"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_console_errors_no_external_requests_no_tracebacks(desktop: dict, name: str) -> None:
+    page = desktop[name]
+    assert not page["external"], f"{name}: requests left the book (CDN?): {page['external'][:5]}"
+    assert not page["errors"], f"{name}: console errors: {page['errors'][:5]}"
+    assert "Traceback (most recent call last)" not in page["text"], f"{name}: a traceback is shown"
+
+
+def test_sidebar_lists_every_page_and_prev_next_follow_the_toc(desktop: dict) -> None:
+    for name in PAGES[1:]:
+        assert any(h.split("#")[0].endswith(f"/{name}.html") for h in desktop[PAGES[0]]["nav"]), (
+            f"sidebar lacks {name}"
+        )
+    for before, after in zip(PAGES, PAGES[1:]):
+        assert [h.split("#")[0] for h in desktop[before]["next"]][-1:] and \
+            desktop[before]["next"][-1].split("#")[0].endswith(f"/{after}.html"), f"next of {before}"
+        assert desktop[after]["prev"] and desktop[after]["prev"][-1].split("#")[0].endswith(f"/{before}.html"), (
+            f"previous of {after}"
+        )
+
+
+def test_search_finds_a_word_from_chapter_1(browser: object, site: str) -> None:
+    visit = PageVisit(browser, urljoin(site, "search.html?q=softmax"))
+    try:
+        visit.page.wait_for_selector("ul.search li", timeout=15000)
+        hits = visit.page.eval_on_selector_all("ul.search li a", "els => els.map(e => e.href)")
+        assert any("01_one_query_many_keys" in h for h in hits), f"search for softmax found {hits}"
+    finally:
+        visit.close()
+
+
+@pytest.mark.parametrize("name", [p for p in PAGES if p.startswith("chapters/")])
+def test_download_notebook_button(desktop: dict, browser: object, name: str) -> None:
+    ipynb = [h for h in desktop[name]["downloads"] if h.endswith(".ipynb")]
+    assert ipynb, f"{name}: no .ipynb download button (found {desktop[name]['downloads']})"
+    with urllib.request.urlopen(ipynb[0]) as response:
+        assert b'"cells"' in response.read(), f"{name}: {ipynb[0]} is not a notebook"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_phone_width_has_no_horizontal_scroll(phone: dict, name: str) -> None:
+    """At 390 px (a phone) the page itself does not scroll sideways (wide code and
+    tables scroll inside their own boxes)."""
+    assert phone[name]["overflow"] <= 1, f"{name}: page is {phone[name]['overflow']}px wider than 390px"
+    assert not phone[name]["errors"], f"{name}: console errors at phone width: {phone[name]['errors'][:3]}"
