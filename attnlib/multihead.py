@@ -220,6 +220,8 @@ class MultiHeadAttention(nn.Module):
             heads = weights @ v  # (B, h, n_q, d_v)
         else:
             weights = None
+            if mask is not None and mask.dim() == 1:
+                mask = mask.unsqueeze(0)  # (n_k,) -> (1, n_k): SDPA rejects a 1-D mask
             heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, n_q, d_v)
             if mask is not None:
                 # SDPA gives NaN for a query with no allowed key; attnlib gives 0.

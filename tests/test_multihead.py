@@ -213,6 +213,17 @@ def test_need_weights_false_gives_same_output(case: Case) -> None:
         assert none is None and weights is not None
         assert torch.isfinite(out_n).all()
         torch.testing.assert_close(out_n, out_w, **TOL)
+        input_grads = []
+        for need_weights in (True, False):  # and the same gradients (finite, too)
+            module.zero_grad()
+            q, k, v = _leaves(case)
+            out, _ = module(q, k, v, mask=mask, need_weights=need_weights)
+            _backward(out)
+            grads = _input_grads(q, k, v) + [p.grad for p in module.parameters()]
+            assert all(g is not None and torch.isfinite(g).all() for g in grads)
+            input_grads.append(grads)
+        for g_n, g_w in zip(input_grads[1], input_grads[0], strict=True):
+            torch.testing.assert_close(g_n, g_w, **TOL)
 
 
 def test_all_masked_query_reads_nothing() -> None:
@@ -493,8 +504,11 @@ class TestInputErrors:
 
     def test_good_mask_shapes_accepted(self, module: nn.Module) -> None:
         for shape in [(4,), (3, 4), (1, 4), (2, 1, 1, 4), (2, 3, 4), (2, 2, 3, 4), (1, 1, 3, 1)]:
-            out, w = module(self.x, self.y, self.y, mask=torch.ones(shape, dtype=torch.bool))
+            mask = torch.ones(shape, dtype=torch.bool)
+            out, w = module(self.x, self.y, self.y, mask=mask)
             assert out.shape == (2, 3, 8) and w is not None and w.shape == (2, 2, 3, 4)
+            fast, _ = module(self.x, self.y, self.y, mask=mask, need_weights=False)
+            torch.testing.assert_close(fast, out)
 
 
 @pytest.mark.parametrize(
