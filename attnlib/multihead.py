@@ -210,14 +210,33 @@ class MultiHeadAttention(nn.Module):
         B, n_q, _ = query.shape
         n_k = key.shape[1]
         h, d_k = self.num_heads, self.d_k
-        q = _linear(query, self.w_q, self.b_q).view(B, n_q, h, d_k).transpose(1, 2)  # (B, h, n_q, d_k)
-        k = _linear(key, self.w_k, self.b_k).view(B, n_k, h, d_k).transpose(1, 2)  # (B, h, n_k, d_k)
-        v = _linear(value, self.w_v, self.b_v).view(B, n_k, h, d_k).transpose(1, 2)  # (B, h, n_k, d_v)
+        if query is key and key is value:
+            # Self-attention: one GEMM with the packed (d_model, 3 d_model) matrix [W^Q | W^K | W^V].
+            w_qkv = torch.cat([self.w_q, self.w_k, self.w_v], dim=1)  # (d_model, 3*d_model)
+            b_qkv = None if self.b_q is None else torch.cat([self.b_q, self.b_k, self.b_v])  # type: ignore[list-item]
+            qkv = _linear(query, w_qkv, b_qkv).view(B, n_q, 3, h, d_k).permute(2, 0, 3, 1, 4)  # (3, B, h, n, d_k)
+            if need_weights:
+                qkv = qkv.contiguous()  # one copy; then q, k, v fold to (B*h, n, d_k) for free
+            q, k, v = qkv.unbind(0)  # each (B, h, n, d_k)
+        else:
+            q = _linear(query, self.w_q, self.b_q).view(B, n_q, h, d_k).transpose(1, 2)  # (B, h, n_q, d_k)
+            k = _linear(key, self.w_k, self.b_k).view(B, n_k, h, d_k).transpose(1, 2)  # (B, h, n_k, d_k)
+            v = _linear(value, self.w_v, self.b_v).view(B, n_k, h, d_k).transpose(1, 2)  # (B, h, n_k, d_v)
         weights: Tensor | None
         if need_weights:
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d_k))  # (B, h, n_q, n_k)
-            weights = torch.softmax(scores, -1) if mask is None else _masked_softmax(scores, mask)
-            heads = weights @ v  # (B, h, n_q, d_v)
+            q3, k3 = q.reshape(B * h, n_q, d_k), k.reshape(B * h, n_k, d_k)  # (B*h, n, d_k)
+            unused = q3.new_zeros(1, 1, 1).expand(B * h, n_q, n_k)  # ignored: beta=0
+            # scores = q k^T / sqrt(d_k), the scale applied inside the batched GEMM
+            scores = torch.baddbmm(unused, q3, k3.transpose(1, 2), beta=0.0, alpha=1.0 / math.sqrt(d_k))
+            scores = scores.view(B, h, n_q, n_k)  # (B, h, n_q, n_k)
+            if mask is not None:
+                weights = _masked_softmax(scores, mask)  # (B, h, n_q, n_k)
+            elif scores.requires_grad:
+                weights = torch.softmax(scores, -1)  # (B, h, n_q, n_k)
+            else:
+                weights = torch.softmax(scores, -1, out=scores)  # in place: no autograd to serve
+            heads = torch.bmm(weights.view(B * h, n_q, n_k), v.reshape(B * h, n_k, d_k))  # (B*h, n_q, d_v)
+            heads = heads.view(B, h, n_q, d_k)  # (B, h, n_q, d_v)
         else:
             weights = None
             if mask is not None and mask.dim() == 1:
