@@ -98,7 +98,8 @@ class FactoredMatrix:
             batch = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2])
         except RuntimeError:
             raise ValueError(
-                f"the batch dimensions of left {_shape(left)} and right {_shape(right)} do not broadcast"
+                f"the batch dimensions of left {_shape(left)} and right "
+                f"{_shape(right)} do not broadcast"
             ) from None
         self.left = left.expand(*batch, *left.shape[-2:])  # (..., m, r)
         self.right = right.expand(*batch, *right.shape[-2:])  # (..., r, n)
@@ -190,18 +191,26 @@ class FactoredMatrix:
     def svd(self) -> tuple[Tensor, Tensor, Tensor]:
         r"""The thin SVD ``M = U diag(S) Vh``, from an ``r x r`` problem.
 
-        With :math:`L = Q_L R_L` and :math:`R^\top = Q_R R_R` (thin QR),
-        :math:`M = Q_L (R_L R_R^\top) Q_R^\top`. The core :math:`C = R_L R_R^\top` is at
-        most ``r x r``; if :math:`C = U_C\, \mathrm{diag}(S)\, V_C^\top` then
-        :math:`U = Q_L U_C` and :math:`V = Q_R V_C` have orthonormal columns, so this is
-        the SVD of ``M``. Cost :math:`O((m + n) r^2)` instead of :math:`O(m n \min(m, n))`.
+        With thin QR decompositions :math:`L = Q_L R_L` and
+        :math:`R^\top = Q_R R_R`,
 
-        Returns ``U``: ``(..., m, k)``, ``S``: ``(..., k)`` (decreasing), ``Vh``:
-        ``(..., k, n)``, with ``k = min(m, n, r)``.
+        .. math::
+            M = Q_L\, C\, Q_R^\top, \qquad C = R_L R_R^\top
+            \quad (\text{at most } r \times r).
+
+        If :math:`C = U_C\, \mathrm{diag}(S)\, V_C^\top`, then :math:`U = Q_L U_C`
+        and :math:`V = Q_R V_C` have orthonormal columns, so this is the SVD of
+        ``M``: cost :math:`O((m + n) r^2)` instead of :math:`O(m n \min(m, n))`.
+
+        Returns ``U``: ``(..., m, k)``, ``S``: ``(..., k)`` (decreasing),
+        ``Vh``: ``(..., k, n)``, with ``k = min(m, n, r)``.
         """
-        q_l, core, q_r = self._core()
-        u_c, s, vh_c = torch.linalg.svd(core, full_matrices=False)  # (.., k_l, k), (.., k), (.., k, k_r)
-        return q_l @ u_c, s, vh_c @ q_r.mT  # (..., m, k), (..., k), (..., k, n)
+        q_l, core, q_r = self._core()  # (.., m, k_l), (.., k_l, k_r), (.., n, k_r)
+        u_c, s, vh_c = torch.linalg.svd(core, full_matrices=False)
+        # u_c: (..., k_l, k), s: (..., k), vh_c: (..., k, k_r)
+        u = q_l @ u_c  # (..., m, k)
+        vh = vh_c @ q_r.mT  # (..., k, n)
+        return u, s, vh
 
     @property
     def singular_values(self) -> Tensor:
@@ -219,7 +228,10 @@ class FactoredMatrix:
         if tol is None:
             tol = torch.finfo(self.dtype).eps * max(self.m, self.n)
         elif isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
-            raise ValueError(f"tol must be a number in [0, 1), relative to the largest singular value, got {tol!r}")
+            raise ValueError(
+                f"tol must be a number in [0, 1), relative to the largest "
+                f"singular value, got {tol!r}"
+            )
         s = self.singular_values  # (..., k)
         return (s > tol * s[..., :1]).sum(-1)  # (...,)
 
@@ -274,36 +286,42 @@ class FactoredMatrix:
         r"""The same product with other factors: ``(left @ a, a^{-1} @ right)``.
 
         .. math::
-            (L A)(A^{-1} R) = L R \quad \text{for every invertible } A \in \mathbb{R}^{r \times r}.
+            (L A)(A^{-1} R) = L R
+            \quad \text{for every invertible } A \in \mathbb{R}^{r \times r}.
 
         For a head's :math:`W_i^{QK}` (``left`` :math:`= W_i^Q`, ``right``
         :math:`= {W_i^K}^\top`) the new factors are :math:`W_i^Q A` and
         :math:`(W_i^K A^{-\top})^\top`: other queries and keys, the same scores.
 
-        ``a``: ``(r, r)`` or ``(..., r, r)`` (batch dimensions broadcast), same dtype and
-        device as the factors, and invertible: a singular (or numerically singular,
-        condition number above ``1/eps``) ``a`` raises ``ValueError``.
+        ``a``: ``(r, r)`` or ``(..., r, r)`` (batch dimensions broadcast), same
+        dtype and device as the factors, and invertible: a singular (or
+        numerically singular, condition number above ``1/eps``) ``a`` raises
+        ``ValueError``.
         """
         if not isinstance(a, Tensor):
             raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
         r = self.r
         if a.dim() < 2 or a.shape[-2:] != (r, r):
-            raise ValueError(f"a must have shape (..., r, r) with r = {r}, got {_shape(a)}")
+            raise ValueError(
+                f"a must have shape (..., r, r) with r = {r}, got {_shape(a)}"
+            )
         if a.dtype != self.dtype or a.device != self.left.device:
             raise ValueError(
-                f"a must have the factors' dtype and device ({self.dtype} on {self.left.device}), "
-                f"got {a.dtype} on {a.device}"
+                f"a must have the factors' dtype and device ({self.dtype} on "
+                f"{self.left.device}), got {a.dtype} on {a.device}"
             )
         try:
             torch.broadcast_shapes(a.shape[:-2], self.batch_shape)
         except RuntimeError:
             raise ValueError(
-                f"a's batch dimensions {_shape(a)} do not broadcast with the factors' {_shape(self.batch_shape)}"
+                f"a's batch dimensions {_shape(a)} do not broadcast with the "
+                f"factors' {_shape(self.batch_shape)}"
             ) from None
         cond = torch.linalg.cond(a)  # (...,): s_max / s_min, inf when singular
         limit = 1.0 / torch.finfo(a.dtype).eps
         if not bool(torch.all(torch.isfinite(cond) & (cond < limit))):
-            worst = torch.nan_to_num(cond, nan=float("inf")).max().item()  # 0/0 for a = 0
+            cond = torch.nan_to_num(cond, nan=float("inf"))  # 0/0 for a = 0
+            worst = cond.max().item()
             raise ValueError(
                 f"a must be invertible, but it is singular or numerically singular "
                 f"(condition number {worst:.3g}, limit {limit:.3g} for {a.dtype})"
@@ -318,13 +336,15 @@ class FactoredMatrix:
         .. math::
             M = U \Sigma V^\top = (U \Sigma^{1/2})(\Sigma^{1/2} V^\top).
 
-        Both factors carry the same Gram matrix, :math:`\Sigma`
-        (``left.mT @ left == right @ right.mT == diag(S)``), so neither factor is
-        larger than the other. Inner dimension ``k = min(m, n, r)``.
+        Both factors carry the same Gram matrix :math:`\Sigma`
+        (``left.mT @ left == right @ right.mT == diag(S)``): neither is larger
+        than the other. Inner dimension ``k = min(m, n, r)``.
         """
         u, s, vh = self.svd()  # (..., m, k), (..., k), (..., k, n)
         root = s.sqrt()  # (..., k)
-        return FactoredMatrix(u * root.unsqueeze(-2), root.unsqueeze(-1) * vh)
+        left = u * root.unsqueeze(-2)  # (..., m, k): U sqrt(S)
+        right = root.unsqueeze(-1) * vh  # (..., k, n): sqrt(S) Vh
+        return FactoredMatrix(left, right)
 
     @classmethod
     def from_matrix(cls, matrix: Tensor, rank: int) -> "FactoredMatrix":
@@ -338,7 +358,10 @@ class FactoredMatrix:
         matrix = _check_factor("matrix", matrix, "(..., m, n)")
         k = _positive_int("rank", rank)
         if k > min(matrix.shape[-2:]):
-            raise ValueError(f"rank must be at most min(m, n) = {min(matrix.shape[-2:])} for matrix {_shape(matrix)}, got {k}")
+            raise ValueError(
+                f"rank must be at most min(m, n) = {min(matrix.shape[-2:])} "
+                f"for matrix {_shape(matrix)}, got {k}"
+            )
         u, s, vh = torch.linalg.svd(matrix, full_matrices=False)  # (.., m, p), (.., p), (.., p, n)
         root = s[..., :k].sqrt()  # (..., k)
         return cls(u[..., :k] * root.unsqueeze(-2), root.unsqueeze(-1) * vh[..., :k, :])
@@ -351,17 +374,21 @@ def _heads(mha: object, head: int | None) -> int | None:
     if head is None:
         return None
     if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < mha.num_heads:
-        raise IndexError(f"head must be an int in [0, {mha.num_heads}) for num_heads={mha.num_heads}, got {head!r}")
+        raise IndexError(
+            f"head must be an int in [0, {mha.num_heads}) for "
+            f"num_heads={mha.num_heads}, got {head!r}"
+        )
     return head
 
 
 def qk_circuit(mha: MultiHeadAttention, head: int | None = None) -> FactoredMatrix:
-    r"""Head ``head``'s :math:`W_i^{QK} = W_i^Q {W_i^K}^\top`, factored: ``(d_model, d_model)``, rank <= d_k.
+    r"""Head ``head``'s :math:`W_i^{QK} = W_i^Q {W_i^K}^\top`, kept factored.
 
-    ``left`` = :math:`W_i^Q` ``(d_model, d_k)``, ``right`` = :math:`{W_i^K}^\top`
-    ``(d_k, d_model)``. With ``head=None``, all heads at once: batch ``(h,)``.
-    The factors are detached views of ``mha``'s weights. Biases are not part of the
-    bilinear form (they add terms linear in the query or key token).
+    ``(d_model, d_model)``, rank <= ``d_k``: ``left`` = :math:`W_i^Q`
+    ``(d_model, d_k)``, ``right`` = :math:`{W_i^K}^\top` ``(d_k, d_model)``.
+    With ``head=None``, all heads at once: batch ``(h,)``. The factors are
+    detached views of ``mha``'s weights. Biases are not part of the bilinear
+    form (they add terms linear in the query or key token).
     """
     i = _heads(mha, head)
     w_q = mha.w_q_heads.detach()  # (h, d_model, d_k)
@@ -371,13 +398,16 @@ def qk_circuit(mha: MultiHeadAttention, head: int | None = None) -> FactoredMatr
 
 
 def ov_circuit(mha: MultiHeadAttention, head: int | None = None) -> FactoredMatrix:
-    r"""Head ``head``'s :math:`W_i^{OV} = W_i^V W_i^O`, factored: ``(d_model, d_model)``, rank <= d_v.
+    r"""Head ``head``'s :math:`W_i^{OV} = W_i^V W_i^O`, kept factored.
 
-    ``left`` = :math:`W_i^V` ``(d_model, d_v)``, ``right`` = :math:`W_i^O` ``(d_v, d_model)``:
-    a token's contribution to the layer's output, per unit of attention paid to it.
+    ``(d_model, d_model)``, rank <= ``d_v``: ``left`` = :math:`W_i^V`
+    ``(d_model, d_v)``, ``right`` = :math:`W_i^O` ``(d_v, d_model)``: a token's
+    contribution to the layer's output, per unit of attention paid to it.
     With ``head=None``, all heads at once: batch ``(h,)``. Detached views of ``mha``'s
     weights; biases are not included.
     """
     i = _heads(mha, head)
-    fm = FactoredMatrix(mha.w_v_heads.detach(), mha.w_o_heads.detach())  # (h, d_model, d_v) @ (h, d_v, d_model)
+    w_v = mha.w_v_heads.detach()  # (h, d_model, d_v)
+    w_o = mha.w_o_heads.detach()  # (h, d_v, d_model)
+    fm = FactoredMatrix(w_v, w_o)
     return fm if i is None else fm[i]
