@@ -30,19 +30,22 @@ def _shape(t: Tensor | torch.Size | tuple[int, ...]) -> str:
 
 
 def _check_mask(mask: Tensor, target: torch.Size, name: str = "mask") -> None:
-    """Raise ``ValueError`` unless ``mask`` is boolean and broadcasts to ``target``.
+    """Raise unless ``mask`` is boolean and broadcasts to ``target``.
 
     Broadcasting may add or stretch size-1 dimensions of ``mask`` but must not
     change ``target``: a mask that would enlarge the score tensor is an error,
     not a silent broadcast.
     """
     if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
+        raise TypeError(
+            f"{name} must be a torch.Tensor of dtype torch.bool, "
+            f"got {type(mask).__name__}"
+        )
     if mask.dtype != torch.bool:
         raise ValueError(
-            f"{name} must have dtype torch.bool (True = may attend), got {name} of shape "
-            f"{_shape(mask)} and dtype {mask.dtype}; "
-            f"convert an additive float mask with `{name} == 0` or a 0/1 mask with `{name}.bool()`"
+            f"{name} must have dtype torch.bool (True = may attend), got {name} "
+            f"of shape {_shape(mask)} and dtype {mask.dtype}; convert an additive "
+            f"float mask with `{name} == 0` or a 0/1 mask with `{name}.bool()`"
         )
     try:
         broadcast = torch.broadcast_shapes(mask.shape, target)
@@ -50,7 +53,8 @@ def _check_mask(mask: Tensor, target: torch.Size, name: str = "mask") -> None:
         broadcast = None
     if broadcast != target:
         raise ValueError(
-            f"{name} of shape {_shape(mask)} does not broadcast to the scores' shape {_shape(target)}"
+            f"{name} of shape {_shape(mask)} does not broadcast to the scores' "
+            f"shape {_shape(target)}"
         )
 
 
@@ -89,9 +93,53 @@ def _masked_softmax(scores: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
     masked = torch.where(mask, scores, neg_inf)  # (..., n), -inf where not allowed
     row_max = masked.amax(dim=dim, keepdim=True)  # (..., 1)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    exp = torch.exp(masked - row_max)  # exp(-inf) = 0 where masked
+    exp = torch.exp(masked - row_max)  # (..., n), exp(-inf) = 0 where masked
     total = exp.sum(dim=dim, keepdim=True)  # (..., 1), 0 for an all-masked row
     return exp / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> torch.Size:
+    """Raise unless q, k, v fit together; return the broadcast batch shape ``...``.
+
+    ``q``: ``(d_k,)`` or ``(..., n_q, d_k)``; ``k``: ``(..., n_k, d_k)``;
+    ``v``: ``(..., n_k, d_v)``; one floating dtype; ``n_k >= 1``, ``d_k >= 1``.
+    """
+    for name, t, min_dim in (("q", q, 1), ("k", k, 2), ("v", v, 2)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < min_dim:
+            expected = f"(..., n_k, d_{name})"
+            if name == "q":
+                expected = "(d_k,) or (..., n_q, d_k)"
+            raise ValueError(f"{name} must have shape {expected}, got {_shape(t)}")
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
+        raise ValueError(
+            f"q, k and v must share one floating-point dtype: "
+            f"q has shape {_shape(q)} and dtype {q.dtype}, "
+            f"k has shape {_shape(k)} and dtype {k.dtype}, "
+            f"v has shape {_shape(v)} and dtype {v.dtype}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same width d_k: q has shape {_shape(q)} "
+            f"(d_k = {q.shape[-1]}), k has shape {_shape(k)} (d_k = {k.shape[-1]})"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same number of rows n_k (one value per key): "
+            f"k has shape {_shape(k)}, v has shape {_shape(v)}"
+        )
+    if k.shape[-2] == 0:
+        raise ValueError(f"attention needs at least one key: k has shape {_shape(k)}")
+    if k.shape[-1] == 0:
+        raise ValueError(f"q and k must have width d_k >= 1: k has shape {_shape(k)}")
+    try:
+        return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"batch dimensions do not broadcast: "
+            f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+        ) from None
 
 
 def attention(
@@ -115,10 +163,10 @@ def attention(
     - ``q``: ``(..., n_q, d_k)``, or a single query ``(d_k,)``
     - ``k``: ``(..., n_k, d_k)``
     - ``v``: ``(..., n_k, d_v)``
-    - ``mask``: bool, broadcastable to ``(..., n_q, n_k)`` (``(n_k,)`` for a single
-      query); ``True`` = may attend
-    - returns ``output``: ``(..., n_q, d_v)`` and ``weights``: ``(..., n_q, n_k)``;
-      for a single query the ``n_q`` axis is dropped: ``(..., d_v)`` and ``(..., n_k)``
+    - ``mask``: bool, ``True`` = may attend; broadcastable to the scores
+      ``(..., n_q, n_k)`` (to ``(..., n_k)`` for a single query)
+    - returns ``output`` ``(..., n_q, d_v)`` and ``weights`` ``(..., n_q, n_k)``;
+      for a single query without the ``n_q`` axis: ``(..., d_v)``, ``(..., n_k)``
 
     Args:
         scale: multiplies the scores; default :math:`1/\sqrt{d_k}`.
@@ -127,70 +175,30 @@ def attention(
 
     Raises:
         TypeError: q, k, v or mask not a tensor.
-        ValueError: a tensor of the wrong rank, q, k and v not of one floating-point
-            dtype, q and k of different widths (or width 0), k and v of different
-            lengths, no keys, batch dimensions that do not broadcast, a mask that is
-            not bool or does not broadcast to the scores without enlarging them.
+        ValueError: a tensor of the wrong rank; q, k, v not of one floating
+            dtype; q and k of different widths (or width 0); k and v of
+            different lengths; no keys; batch dimensions that do not broadcast;
+            a mask that is not bool or would not broadcast to the scores (or
+            would enlarge them).
     """
-    for name, t, min_dim in (("q", q, 1), ("k", k, 2), ("v", v, 2)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < min_dim:
-            expected = "(d_k,) or (..., n_q, d_k)" if name == "q" else f"(..., n_k, d_{name})"
-            raise ValueError(f"{name} must have shape {expected}, got {_shape(t)}")
-    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
-        raise ValueError(
-            f"q, k and v must share one floating-point dtype: q has shape {_shape(q)} and dtype "
-            f"{q.dtype}, k has shape {_shape(k)} and dtype {k.dtype}, v has shape {_shape(v)} "
-            f"and dtype {v.dtype}"
-        )
+    batch = _check_qkv(q, k, v)  # the broadcast batch shape "..."
+    n_k = k.shape[-2]
     single = q.dim() == 1
     if single:
+        if isinstance(mask, Tensor) and mask.dim() >= 1:
+            _check_mask(mask, batch + (n_k,))  # against the scores (..., n_k)
+            mask = mask.unsqueeze(-2)  # (..., 1, n_k)
         q = q.unsqueeze(0)  # (1, d_k)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same width d_k: q has shape {_shape(q[0] if single else q)} "
-            f"(d_k = {q.shape[-1]}), k has shape {_shape(k)} (d_k = {k.shape[-1]})"
-        )
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"k and v must have the same number of rows n_k (one value per key): "
-            f"k has shape {_shape(k)}, v has shape {_shape(v)}"
-        )
-    if k.shape[-2] == 0:
-        raise ValueError(f"attention needs at least one key, got k of shape {_shape(k)}")
-    if k.shape[-1] == 0:
-        raise ValueError(f"q and k must have width d_k >= 1, got k of shape {_shape(k)}")
-    try:
-        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"batch dimensions do not broadcast: q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
-        ) from None
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., n_q, n_k)
-    if mask is not None:
-        if single and isinstance(mask, Tensor) and mask.dim() >= 1:
-            # A single query's mask is a row (..., n_k): give it the query axis.
-            try:
-                _check_mask(mask.unsqueeze(-2), torch.Size(batch) + scores.shape[-2:])
-            except ValueError as err:
-                if mask.dtype != torch.bool:
-                    raise
-                target = _shape(torch.Size(batch) + scores.shape[-1:])
-                raise ValueError(
-                    f"mask of shape {_shape(mask)} does not broadcast to the scores' shape {target}"
-                ) from err
-            mask = mask.unsqueeze(-2)  # (..., 1, n_k)
-        else:
-            _check_mask(mask, torch.Size(batch) + scores.shape[-2:])
     if mask is None:
         weights = torch.softmax(scores, dim=-1)  # (..., n_q, n_k)
     else:
+        _check_mask(mask, batch + scores.shape[-2:])
         weights = _masked_softmax(scores, mask)  # (..., n_q, n_k)
-    weights = weights.expand(*batch, *scores.shape[-2:])  # batch dims that only v had
+    weights = weights.expand(batch + scores.shape[-2:])  # batch dims that only v had
     output = weights @ v  # (..., n_q, d_v)
     if single:
-        return output.squeeze(-2), weights.squeeze(-2)
+        return output.squeeze(-2), weights.squeeze(-2)  # (..., d_v), (..., n_k)
     return output, weights

@@ -259,9 +259,9 @@ def _t(*shape: int, dtype=torch.float32) -> torch.Tensor:
         # k / v length mismatch
         ((_t(2, 3), _t(4, 3), _t(5, 6)), {}, rf"k and v.*n_k.*k has shape {shapes(4, 3)}, v has shape {shapes(5, 6)}"),
         # no keys
-        ((_t(2, 3), _t(0, 3), _t(0, 6)), {}, rf"at least one key.*k of shape {shapes(0, 3)}"),
+        ((_t(2, 3), _t(0, 3), _t(0, 6)), {}, rf"at least one key: k has shape {shapes(0, 3)}"),
         # width 0
-        ((_t(2, 0), _t(4, 0), _t(4, 6)), {}, rf"width d_k >= 1.*k of shape {shapes(4, 0)}"),
+        ((_t(2, 0), _t(4, 0), _t(4, 6)), {}, rf"width d_k >= 1: k has shape {shapes(4, 0)}"),
         # batch dimensions that do not broadcast
         ((_t(2, 1, 3), _t(3, 4, 3), _t(3, 4, 6)), {},
          rf"batch dimensions.*q {shapes(2, 1, 3)}, k {shapes(3, 4, 3)}, v {shapes(3, 4, 6)}"),
@@ -278,7 +278,7 @@ def _t(*shape: int, dtype=torch.float32) -> torch.Tensor:
         ((_t(2, 3), _t(4, 3), _t(4, 6)), {"mask": _t(2, 4)},
          rf"mask must have dtype torch.bool.*mask of shape {shapes(2, 4)} and dtype torch.float32"),
         ((_t(3), _t(4, 3), _t(4, 6)), {"mask": _t(4, dtype=torch.int64)},
-         rf"mask must have dtype torch.bool.*mask of shape {shapes(1, 4)} and dtype torch.int64"),
+         rf"mask must have dtype torch.bool.*mask of shape {shapes(4)} and dtype torch.int64"),
         # mask not broadcastable
         ((_t(2, 3), _t(4, 3), _t(4, 6)), {"mask": _t(2, 5, dtype=torch.bool)},
          rf"mask of shape {shapes(2, 5)} does not broadcast to the scores' shape {shapes(2, 4)}"),
