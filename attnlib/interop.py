@@ -5,13 +5,21 @@ attnlib keeps one orientation everywhere, the paper's: ``y = x @ W + b`` with
 here, named for the layout it reads or writes, and is round-trip tested.
 
 =====================================  =======================================
-layout                                  what it stores
+layout                                  what it stores (``d = d_model = E``)
 =====================================  =======================================
-attnlib / the paper                     ``W^Q, W^K, W^V, W^O``: ``(d_model, d_model)``, ``x @ W``
-``torch.nn.MultiheadAttention``         ``in_proj_weight`` = ``[W^Q; W^K; W^V]ᵀ`` stacked: ``(3E, E)``,
+attnlib / the paper                     ``W^Q, W^K, W^V, W^O``: ``(d, d)`` each, ``x @ W``
+``torch.nn.MultiheadAttention``         ``in_proj_weight`` = ``[W^Q | W^K | W^V]ᵀ``: ``(3E, E)``,
                                         ``out_proj.weight`` = ``(W^O)ᵀ``: ``(E, E)``
+packed ``nn.Linear(d, 3d)`` (nanoGPT)   ``c_attn.weight`` = ``[W^Q | W^K | W^V]ᵀ``: ``(3d, d)``,
+                                        ``c_proj.weight`` = ``(W^O)ᵀ``: ``(d, d)``
 separate ``nn.Linear`` (BERT)           ``query/key/value/output.dense.weight`` = ``Wᵀ``: ``(out, in)``
+GPT-2 ``Conv1D`` (in, out)              ``c_attn.weight`` = ``[W^Q | W^K | W^V]``: ``(d, 3d)``,
+                                        ``c_proj.weight`` = ``W^O``: ``(d, d)``
 =====================================  =======================================
+
+Readers (``read_*``) return an :class:`AttentionWeights` of copies; writers
+(``write_*``) take one and return the other layout. ``read_X(write_X(w)) == w``
+exactly: the conversions only transpose, cut and concatenate.
 
 Masks: attnlib uses ``True`` = may attend; ``nn.MultiheadAttention``'s
 ``attn_mask`` and ``key_padding_mask`` use ``True`` = may **not** attend.
@@ -24,14 +32,23 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor, nn
 
+from attnlib.attention import _shape
+
 __all__ = [
     "AttentionWeights",
     "read_torch_mha",
     "write_torch_mha",
     "read_separate_linear",
     "write_separate_linear",
+    "read_packed_linear",
+    "write_packed_linear",
+    "read_conv1d",
+    "write_conv1d",
     "torch_attn_mask",
 ]
+
+WeightAndBias = tuple[Tensor, Tensor | None]
+"""A ``(weight, bias)`` pair as one layer stores it; ``bias`` may be ``None``."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +193,147 @@ def write_separate_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
                 lin.bias.copy_(b)
         layers[name] = lin
     return layers
+
+
+def _packed_pairs(
+    c_attn: WeightAndBias, c_proj: WeightAndBias, attn_out_first: bool
+) -> tuple[int, Tensor, Tensor | None, Tensor, Tensor | None]:
+    """Check a packed layer pair and return ``(d, w_attn, b_attn, w_proj, b_proj)``.
+
+    ``attn_out_first``: ``c_attn.weight`` is ``(3d, d)`` (``nn.Linear``) when True,
+    ``(d, 3d)`` (GPT-2 ``Conv1D``) when False.
+    """
+    layout = "(3*d_model, d_model), nn.Linear (out, in)" if attn_out_first else "(d_model, 3*d_model), Conv1D (in, out)"
+    for name, pair in (("c_attn", c_attn), ("c_proj", c_proj)):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], Tensor)):
+            raise TypeError(f"{name} must be a (weight, bias) pair of tensors (bias may be None), got {pair!r:.60}")
+    w_attn, b_attn = c_attn
+    w_proj, b_proj = c_proj
+    if w_attn.dim() != 2:
+        raise ValueError(f"c_attn weight must have shape {layout}, got {_shape(w_attn.shape)}")
+    d = int(w_attn.shape[1] if attn_out_first else w_attn.shape[0])
+    expected = (3 * d, d) if attn_out_first else (d, 3 * d)
+    if d == 0 or tuple(w_attn.shape) != expected:
+        raise ValueError(f"c_attn weight must have shape {layout}, got {_shape(w_attn.shape)}")
+    if tuple(w_proj.shape) != (d, d):
+        raise ValueError(
+            f"c_proj weight must have shape (d_model, d_model) = ({d}, {d}) to match c_attn, "
+            f"got {_shape(w_proj.shape)}"
+        )
+    if b_attn is not None and tuple(b_attn.shape) != (3 * d,):
+        raise ValueError(f"c_attn bias must have shape (3*d_model,) = ({3 * d},), got {_shape(b_attn.shape)}")
+    if b_proj is not None and tuple(b_proj.shape) != (d,):
+        raise ValueError(f"c_proj bias must have shape (d_model,) = ({d},), got {_shape(b_proj.shape)}")
+    if (b_attn is None) != (b_proj is None):
+        raise ValueError("c_attn and c_proj must both have a bias or both have none")
+    b_attn = None if b_attn is None else b_attn.detach()
+    b_proj = None if b_proj is None else b_proj.detach()
+    return d, w_attn.detach(), b_attn, w_proj.detach(), b_proj
+
+
+def _split_packed(
+    d: int, w_qkv: Tensor, b_qkv: Tensor | None, w_o: Tensor, b_o: Tensor | None
+) -> AttentionWeights:
+    """``w_qkv``: ``(d, 3d)`` = ``[W^Q | W^K | W^V]`` in paper orientation -> copies."""
+    return AttentionWeights(
+        w_q=w_qkv[:, :d].clone(),
+        w_k=w_qkv[:, d : 2 * d].clone(),
+        w_v=w_qkv[:, 2 * d :].clone(),
+        w_o=w_o.clone(),
+        b_q=None if b_qkv is None else b_qkv[:d].clone(),
+        b_k=None if b_qkv is None else b_qkv[d : 2 * d].clone(),
+        b_v=None if b_qkv is None else b_qkv[2 * d :].clone(),
+        b_o=None if b_o is None else b_o.clone(),
+    )
+
+
+def _packed(weights: AttentionWeights) -> tuple[Tensor, Tensor | None]:
+    """``[W^Q | W^K | W^V]``: ``(d, 3d)`` and ``[b^Q, b^K, b^V]``: ``(3d,)`` (or ``None``)."""
+    w_qkv = torch.cat([weights.w_q, weights.w_k, weights.w_v], dim=1)  # (d, 3d)
+    if not weights.bias:
+        return w_qkv, None
+    return w_qkv, torch.cat([weights.b_q, weights.b_k, weights.b_v])  # type: ignore[list-item]
+
+
+def read_packed_linear(c_attn: WeightAndBias, c_proj: WeightAndBias) -> AttentionWeights:
+    r"""Read a packed ``nn.Linear(d, 3d)`` + ``nn.Linear(d, d)`` pair, as nanoGPT's
+    ``CausalSelfAttention`` stores ``c_attn`` and ``c_proj``.
+
+    ``nn.Linear`` computes ``y = x @ weight.T + bias`` with ``weight``: ``(out, in)``, so
+
+    .. math::
+        \texttt{c\_attn.weight} = [W^Q \,|\, W^K \,|\, W^V]^\top \in \mathbb{R}^{3d \times d},
+        \qquad \texttt{c\_proj.weight} = (W^O)^\top \in \mathbb{R}^{d \times d},
+
+    and ``q, k, v = c_attn(x).split(d, dim=-1)`` are ``x @ W^Q``, ``x @ W^K``, ``x @ W^V``
+    (the same numbers as ``nn.MultiheadAttention.in_proj_weight``).
+
+    Args:
+        c_attn: ``(weight (3d, d), bias (3d,) or None)``.
+        c_proj: ``(weight (d, d), bias (d,) or None)``.
+
+    Returns:
+        copies in paper orientation.
+
+    Raises:
+        ValueError: a weight or bias of the wrong shape (the message names it, the
+            expected and the received shape), or a bias on one layer only.
+    """
+    d, w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=True)
+    return _split_packed(d, w_attn.T, b_attn, w_proj.T, b_proj)  # (3d, d) -> (d, 3d)
+
+
+def write_packed_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
+    """Two ``nn.Linear`` layers ``{"c_attn": Linear(d, 3d), "c_proj": Linear(d, d)}``
+    holding ``weights`` (the inverse of :func:`read_packed_linear`)."""
+    d = weights.d_model
+    w_qkv, b_qkv = _packed(weights)  # (d, 3d), (3d,)
+    kw = {"bias": weights.bias, "device": w_qkv.device, "dtype": w_qkv.dtype}
+    c_attn, c_proj = nn.Linear(d, 3 * d, **kw), nn.Linear(d, d, **kw)  # type: ignore[arg-type]
+    with torch.no_grad():
+        c_attn.weight.copy_(w_qkv.T)  # (3d, d)
+        c_proj.weight.copy_(weights.w_o.T)  # (d, d)
+        if b_qkv is not None:
+            c_attn.bias.copy_(b_qkv)
+            c_proj.bias.copy_(weights.b_o)  # type: ignore[arg-type]
+    return {"c_attn": c_attn, "c_proj": c_proj}
+
+
+def read_conv1d(c_attn: WeightAndBias, c_proj: WeightAndBias) -> AttentionWeights:
+    r"""Read GPT-2's ``Conv1D`` pair ``c_attn`` + ``c_proj`` (Hugging Face ``GPT2Attention``).
+
+    Despite its name, ``Conv1D(nf, nx)`` is a linear layer stored the paper's way round:
+    ``y = x @ weight + bias`` with ``weight``: ``(in, out)`` = ``(nx, nf)``. So
+
+    .. math::
+        \texttt{c\_attn.weight} = [W^Q \,|\, W^K \,|\, W^V] \in \mathbb{R}^{d \times 3d},
+        \qquad \texttt{c\_proj.weight} = W^O \in \mathbb{R}^{d \times d},
+
+    no transpose needed: the packed columns are cut into three ``(d, d)`` blocks.
+
+    Args:
+        c_attn: ``(weight (d, 3d), bias (3d,) or None)``.
+        c_proj: ``(weight (d, d), bias (d,) or None)``.
+
+    Returns:
+        copies in paper orientation.
+
+    Raises:
+        ValueError: a weight or bias of the wrong shape (the message names it, the
+            expected and the received shape), or a bias on one layer only.
+    """
+    d, w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=False)
+    return _split_packed(d, w_attn, b_attn, w_proj, b_proj)
+
+
+def write_conv1d(weights: AttentionWeights) -> dict[str, WeightAndBias]:
+    """GPT-2 ``Conv1D`` tensors ``{"c_attn": (weight (d, 3d), bias (3d,)), "c_proj":
+    (weight (d, d), bias (d,))}`` (biases ``None`` without bias); the inverse of
+    :func:`read_conv1d`, so ``read_conv1d(**write_conv1d(w))`` gives ``w`` back.
+    Load into a ``transformers`` ``Conv1D`` with ``conv.weight.copy_(weight)``."""
+    w_qkv, b_qkv = _packed(weights)  # (d, 3d), (3d,)
+    b_o = None if weights.b_o is None else weights.b_o.detach().clone()
+    return {"c_attn": (w_qkv.detach().clone(), b_qkv), "c_proj": (weights.w_o.detach().clone(), b_o)}
 
 
 def torch_attn_mask(mask: Tensor) -> Tensor:
