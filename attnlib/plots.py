@@ -15,7 +15,8 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["attention_map", "attention_maps", "line_plot", "bar_plot", "singular_values"]
+__all__ = ["attention_map", "attention_maps", "line_plot", "bar_plot", "singular_values",
+           "spectra_groups", "strip_plot"]
 
 
 def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -170,4 +171,78 @@ def singular_values(
         ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
+    return fig
+
+
+def spectra_groups(
+    groups: dict[str, torch.Tensor | np.ndarray],
+    ax: Axes | None = None,
+    title: str | None = None,
+    normalize: bool = True,
+    floor: float = 1e-12,
+) -> Figure:
+    """Many spectra at once, one colour per group, on a log scale.
+
+    ``groups[label]`` is ``(n_lines, k)``: one row of singular values per matrix
+    (e.g. one per head). Each row is sorted in decreasing order and, when
+    ``normalize``, divided by its largest value, so matrices of different scale share
+    one axis. Values below ``floor`` are drawn at ``floor`` (a rank cut-off shows as a
+    cliff). One legend entry per group.
+    """
+    fig, ax = _axes(ax, (5.5, 3.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for g, (label, spectra) in enumerate(groups.items()):
+        s = _to_numpy(spectra)
+        if s.ndim != 2:
+            raise ValueError(f"groups[{label!r}] must have shape (n_lines, k), got {s.shape}")
+        s = -np.sort(-s, axis=1)  # (n_lines, k), decreasing
+        if normalize:
+            s = s / np.where(s[:, :1] > 0, s[:, :1], 1.0)
+        x = np.arange(1, s.shape[1] + 1)
+        for row, v in enumerate(s):
+            ax.plot(x, np.maximum(v, floor), color=colors[g % len(colors)], alpha=0.6, linewidth=1.0,
+                    label=label if row == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("index of singular value (largest first)")
+    ax.set_ylabel("singular value / largest" if normalize else "singular value")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def strip_plot(
+    x_labels: Sequence[str],
+    series: dict[str, torch.Tensor | np.ndarray],
+    xlabel: str,
+    ylabel: str,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Points grouped by category: ``series[label]`` is ``(len(x_labels), n_points)``.
+
+    Each series gets its own colour and a small horizontal offset, so several series
+    (e.g. trained against random weights, one point per head) sit side by side over
+    each x label.
+    """
+    fig, ax = _axes(ax, (1.5 + 0.9 * len(x_labels), 3.6))
+    k = len(series)
+    for j, (label, values) in enumerate(series.items()):
+        v = _to_numpy(values)
+        if v.ndim != 2 or v.shape[0] != len(x_labels):
+            raise ValueError(
+                f"series[{label!r}] must have shape (len(x_labels)={len(x_labels)}, n_points), got {v.shape}"
+            )
+        offset = (j - (k - 1) / 2) * 0.8 / max(k, 1)
+        xs = np.repeat(np.arange(v.shape[0]) + offset, v.shape[1])
+        ax.scatter(xs, v.reshape(-1), s=12, alpha=0.7, label=label)
+    ax.set_xticks(range(len(x_labels)), x_labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, None)
+    if title:
+        ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="lower center", ncol=k, fontsize="small")
     return fig
