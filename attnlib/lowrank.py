@@ -381,7 +381,9 @@ def _heads(mha: object, head: int | None) -> int | None:
     return head
 
 
-def qk_circuit(mha: MultiHeadAttention, head: int | None = None) -> FactoredMatrix:
+def qk_circuit(
+    mha: MultiHeadAttention, head: int | None = None
+) -> FactoredMatrix:
     r"""Head ``head``'s :math:`W_i^{QK} = W_i^Q {W_i^K}^\top`, kept factored.
 
     ``(d_model, d_model)``, rank <= ``d_k``: ``left`` = :math:`W_i^Q`
@@ -397,7 +399,9 @@ def qk_circuit(mha: MultiHeadAttention, head: int | None = None) -> FactoredMatr
     return fm if i is None else fm[i]
 
 
-def ov_circuit(mha: MultiHeadAttention, head: int | None = None) -> FactoredMatrix:
+def ov_circuit(
+    mha: MultiHeadAttention, head: int | None = None
+) -> FactoredMatrix:
     r"""Head ``head``'s :math:`W_i^{OV} = W_i^V W_i^O`, kept factored.
 
     ``(d_model, d_model)``, rank <= ``d_v``: ``left`` = :math:`W_i^V`
