@@ -225,6 +225,21 @@ def test_need_weights_false_gives_same_output(case: Case) -> None:
         torch.testing.assert_close(g_fast, g_ref, **TOL)
 
 
+@SETTINGS
+@given(cases(), st.booleans())
+def test_no_grad_forward_equals_autograd_forward(case: Case, need_weights: bool) -> None:
+    """Under torch.no_grad the fused module may take in-place shortcuts; same result."""
+    for module in (case.mha, SeparateHeadsAttention.from_fused(case.mha)):
+        out, weights = module(*case.inputs, mask=case.mask, need_weights=need_weights)
+        with torch.no_grad():
+            out_ng, weights_ng = module(*case.inputs, mask=case.mask, need_weights=need_weights)
+        torch.testing.assert_close(out_ng, out, **TOL)
+        if need_weights:
+            torch.testing.assert_close(weights_ng, weights, **TOL)
+        else:
+            assert weights is None and weights_ng is None
+
+
 def test_all_masked_query_reads_nothing() -> None:
     """A query with no allowed key gets zero weights; its heads output zero."""
     torch.manual_seed(0)
