@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 __all__ = ["attention_map", "attention_maps", "line_plot", "bar_plot", "singular_values",
-           "spectra_groups", "strip_plot"]
+           "spectra_groups", "strip_plot", "benchmark_panels", "block_heatmap"]
 
 
 def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -245,4 +245,89 @@ def strip_plot(
         ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="lower center", ncol=k, fontsize="small")
+    return fig
+
+
+def benchmark_panels(
+    rows: Sequence[dict[str, object]],
+    h_fixed: int = 8,
+    n_fixed: int = 256,
+    variants: Sequence[str] | None = None,
+    labels: dict[str, str] | None = None,
+    modes: Sequence[str] = ("forward", "train"),
+) -> Figure:
+    """Timings from ``benchmarks/bench_attention.py``: median time against sequence
+    length ``n`` (at ``h = h_fixed``) and against head count ``h`` (at ``n = n_fixed``),
+    one row of panels per mode, log-log, with the GEMM floor dashed.
+
+    ``rows``: dicts with keys ``mode, n, h, variant, median_ms, floor_ms`` (one per
+    measurement, as ``read_results`` in ``benchmarks/bench_attention.py`` returns them).
+    """
+    variants = list(variants) if variants is not None else list(dict.fromkeys(str(r["variant"]) for r in rows))
+    labels = labels or {}
+    modes = [m for m in modes if any(r["mode"] == m for r in rows)]
+    if not modes:
+        raise ValueError("rows hold none of the requested modes")
+    fig, axes = plt.subplots(len(modes), 2, figsize=(10.5, 3.4 * len(modes) + 0.9), layout="constrained",
+                             squeeze=False)
+    for i, mode in enumerate(modes):
+        for j, (key, fixed_key, fixed) in enumerate((("n", "h", h_fixed), ("h", "n", n_fixed))):
+            ax = axes[i, j]
+            sel = [r for r in rows if r["mode"] == mode and r[fixed_key] == fixed]
+            xs = sorted({int(r[key]) for r in sel})  # type: ignore[call-overload]
+            if not xs:
+                raise ValueError(f"no {mode!r} rows with {fixed_key} = {fixed}")
+            for v in variants:
+                pts = {int(r[key]): float(r["median_ms"]) for r in sel if r["variant"] == v}  # type: ignore[arg-type]
+                if pts:
+                    x = [k for k in xs if k in pts]
+                    ax.plot(x, [pts[k] for k in x], marker="o", markersize=3, label=labels.get(v, v))
+            floor = {int(r[key]): float(r["floor_ms"]) for r in sel}  # type: ignore[arg-type]
+            ax.plot(xs, [floor[k] for k in xs], "k--", linewidth=1, label="GEMM floor")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(xs, [str(k) for k in xs])
+            ax.set_xlabel("sequence length n" if key == "n" else "number of heads h")
+            ax.set_ylabel("median time (ms)")
+            ax.set_title(f"{mode}, {fixed_key} = {fixed}", fontsize=10)
+            ax.grid(alpha=0.3, which="both")
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(5, len(names)), fontsize="small")
+    return fig
+
+
+def block_heatmap(
+    values: torch.Tensor | np.ndarray,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    xlabel: str,
+    ylabel: str,
+    colorbar_label: str,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Heat map of a small non-negative matrix ``(rows, cols)`` with every cell annotated
+    (three significant digits; exact zeros print as ``0``), e.g. how strongly block ``j``
+    of a weight matrix influences output ``i``."""
+    v = _to_numpy(values)
+    if v.ndim != 2 or v.shape != (len(row_labels), len(col_labels)):
+        raise ValueError(
+            f"values must have shape (len(row_labels), len(col_labels)) = "
+            f"({len(row_labels)}, {len(col_labels)}), got {v.shape}"
+        )
+    fig, ax = _axes(ax, (1.8 + 0.75 * v.shape[1], 1.2 + 0.6 * v.shape[0]))
+    top = float(v.max()) if v.size and v.max() > 0 else 1.0
+    im = ax.imshow(v, cmap="Greens", vmin=0.0, vmax=top, aspect="auto")
+    ax.set_xticks(range(v.shape[1]), col_labels)
+    ax.set_yticks(range(v.shape[0]), row_labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    for i in range(v.shape[0]):
+        for j in range(v.shape[1]):
+            text = "0" if v[i, j] == 0 else f"{v[i, j]:.3g}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=8,
+                    color="white" if v[i, j] > 0.6 * top else "black")
+    if title:
+        ax.set_title(title)
+    fig.colorbar(im, ax=ax, label=colorbar_label)
     return fig

@@ -1,0 +1,383 @@
+"""How fast is each way of writing multi-head attention? (chapter 5)
+
+Every variant is built from **the same weights** (one ``attnlib.MultiHeadAttention``,
+converted with ``attnlib.interop``), every variant's output (and attention weights,
+and input gradient when timing the backward pass) is checked against attnlib's
+**before** anything is timed, and times are **medians of interleaved rounds**: each
+round runs every variant once, in turn, so a slow spell on a shared machine hits all
+variants alike. Ratios are also given as the median of per-round ratios against
+``torch.nn.MultiheadAttention`` returning the same thing (weights or not).
+
+Variants (self-attention, ``query is key is value``):
+
+=====================  =====================================================================
+``per_head_loop``      ``attnlib.SeparateHeadsAttention``: h small projections per role, a loop
+``attnlib``            ``attnlib.MultiHeadAttention``, attention weights returned
+``attnlib_noweights``  ``attnlib.MultiHeadAttention(..., need_weights=False)`` (SDPA inside)
+``packed_qkv``         one ``nn.Linear(d, 3d)`` as nanoGPT's ``c_attn``, explicit softmax
+``sdpa``               the same packed projection + ``F.scaled_dot_product_attention``
+``torch_mha``          ``torch.nn.MultiheadAttention``, weights returned (per head)
+``torch_mha_noweights``  ``torch.nn.MultiheadAttention(..., need_weights=False)``
+``merged_qk``          scores from one ``d x d`` matrix per head, ``W_i^Q W_i^K^T``
+=====================  =====================================================================
+
+Modes: ``forward`` (eval mode, ``torch.no_grad()``: PyTorch may take its inference
+fast path) and ``train`` (train mode, forward plus backward of ``out.sum()`` into the
+parameters and the input).
+
+The "GEMM floor" column is the time the matrix products alone would take at the
+rate this machine reaches on one big ``torch.matmul``, ``(2048, 512) @ (512, 1536)``
+(the packed projection of the reference layer B=8, n=256, d_model=512), timed in every
+round beside the variants:
+forward FLOPs ``8 B n d^2 + 4 B n^2 d`` (four projections, scores, weighted sum of
+values); ``train`` counts three times that (the backward pass of a product costs two
+products).
+
+Usage (from the repository root)::
+
+    python benchmarks/bench_attention.py                       # sweep on CPU, default threads
+    python benchmarks/bench_attention.py --threads 1 --clock cpu --out benchmarks/results/cpu_sweep.csv
+    python benchmarks/bench_attention.py --target --out benchmarks/results/cpu_target.csv
+    python benchmarks/bench_attention.py --device cuda --out benchmarks/results/gpu_h100.csv
+    python benchmarks/bench_attention.py --device cuda --target --out benchmarks/results/gpu_h100_target.csv
+    python benchmarks/bench_attention.py --quick                # a few seconds: smoke test
+
+``--target`` measures only the book's reference layer (B=8, n=256, d_model=512,
+h=8) with attnlib against ``torch.nn.MultiheadAttention``, with more rounds.
+``--clock cpu`` times with the process's CPU time instead of the wall clock (CPU
+only; with one thread it ignores the time other programs take the core away).
+On CUDA the clock is the wall clock around ``torch.cuda.synchronize()``.
+A plot is written next to the CSV (same name, ``.png``) unless ``--no-plot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+try:
+    import attnlib  # noqa: F401
+except ImportError:  # running from a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from attnlib import MultiHeadAttention, SeparateHeadsAttention
+from attnlib.interop import write_packed_linear
+
+VARIANTS = [
+    "per_head_loop",
+    "attnlib",
+    "attnlib_noweights",
+    "packed_qkv",
+    "sdpa",
+    "torch_mha",
+    "torch_mha_noweights",
+    "merged_qk",
+]
+RETURNS_WEIGHTS = {"attnlib", "torch_mha", "merged_qk"}
+TARGET_VARIANTS = ["attnlib", "torch_mha", "attnlib_noweights", "torch_mha_noweights"]
+FIELDS = [
+    "device", "device_name", "threads", "clock", "dtype", "torch", "mode", "B", "n", "d_model", "h", "d_k",
+    "variant", "returns_weights", "median_ms", "q1_ms", "q3_ms", "rounds", "ratio_vs_torch",
+    "gflop", "floor_ms", "matmul_gflops", "date",
+]
+
+
+@dataclass
+class Variant:
+    """A callable ``x -> (out, weights or None)`` and the tensors it learns."""
+
+    fn: Callable[[Tensor], tuple[Tensor, Tensor | None]]
+    params: list[Tensor]
+    modules: list[nn.Module]
+
+
+def _split_heads(t: Tensor, h: int) -> Tensor:
+    B, n, d = t.shape
+    return t.view(B, n, h, d // h).transpose(1, 2)  # (B, h, n, d_k)
+
+
+def _merge_heads(t: Tensor) -> Tensor:
+    B, h, n, d_k = t.shape
+    return t.transpose(1, 2).reshape(B, n, h * d_k)  # (B, n, h*d_k)
+
+
+def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
+    """Every variant, each holding copies of ``mha``'s weights in its own layout."""
+    h, d, d_k = mha.num_heads, mha.d_model, mha.d_k
+    weights = mha.attention_weights()
+    sep = SeparateHeadsAttention.from_fused(mha)
+    tmha = mha.to_torch()  # nn.MultiheadAttention(batch_first=True)
+    lin = write_packed_linear(weights)  # {"c_attn": Linear(d, 3d), "c_proj": Linear(d, d)}
+    c_attn, c_proj = lin["c_attn"], lin["c_proj"]
+    for m in (sep, tmha, c_attn, c_proj):
+        m.to(device=weights.w_q.device, dtype=weights.w_q.dtype)
+
+    def packed(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        q, k, v = (_split_heads(t, h) for t in c_attn(x).split(d, dim=2))  # (B, h, n, d_k)
+        att = torch.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d_k)), dim=-1)  # (B, h, n, n)
+        return c_proj(_merge_heads(att @ v)), None  # (B, n, d)
+
+    def sdpa(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        q, k, v = (_split_heads(t, h) for t in c_attn(x).split(d, dim=2))  # (B, h, n, d_k)
+        return c_proj(_merge_heads(F.scaled_dot_product_attention(q, k, v))), None  # (B, n, d)
+
+    # Merged scores: q_i . k_j = x_i W^QK x_j^T + (b^Q W^K^T) x_j^T + (terms constant in j,
+    # which softmax ignores). One (d, d) matrix per head, stored side by side: (d, h*d).
+    with torch.no_grad():
+        w_qk = torch.einsum("hak,hbk->ahb", mha.w_q_heads, mha.w_k_heads).reshape(d, h * d)  # (d, h*d)
+        u = torch.zeros(h * d, dtype=w_qk.dtype, device=w_qk.device)
+        if mha.b_q is not None:
+            u = torch.einsum("hk,hbk->hb", mha.b_q.view(h, d_k), mha.w_k_heads).reshape(h * d)  # (h*d,)
+    w_qk, u = nn.Parameter(w_qk), nn.Parameter(u)
+    zeros = torch.zeros_like(weights.w_v[0])  # (d,): a missing bias
+    w_v = nn.Parameter(weights.w_v.clone())  # (d, d)
+    b_v = nn.Parameter(zeros.clone() if weights.b_v is None else weights.b_v.clone())  # (d,)
+    w_o = nn.Parameter(weights.w_o.clone())  # (d, d)
+    b_o = nn.Parameter(zeros.clone() if weights.b_o is None else weights.b_o.clone())  # (d,)
+
+    def merged(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        B, n, _ = x.shape
+        xq = torch.addmm(u, x.reshape(B * n, d), w_qk).view(B, n, h, d).transpose(1, 2)  # (B, h, n, d)
+        scores = (xq @ x.unsqueeze(1).transpose(-2, -1)) * (1.0 / math.sqrt(d_k))  # (B, h, n, n)
+        att = torch.softmax(scores, dim=-1)  # (B, h, n, n)
+        v = _split_heads(torch.addmm(b_v, x.reshape(B * n, d), w_v).view(B, n, d), h)  # (B, h, n, d_k)
+        return torch.addmm(b_o, _merge_heads(att @ v).reshape(B * n, d), w_o).view(B, n, d), att
+
+    return {
+        "per_head_loop": Variant(lambda x: sep(x, x, x, need_weights=False), list(sep.parameters()), [sep]),
+        "attnlib": Variant(lambda x: mha(x, x, x, need_weights=True), list(mha.parameters()), [mha]),
+        "attnlib_noweights": Variant(lambda x: mha(x, x, x, need_weights=False), list(mha.parameters()), [mha]),
+        "packed_qkv": Variant(packed, [*c_attn.parameters(), *c_proj.parameters()], [c_attn, c_proj]),
+        "sdpa": Variant(sdpa, [*c_attn.parameters(), *c_proj.parameters()], [c_attn, c_proj]),
+        "torch_mha": Variant(
+            lambda x: tmha(x, x, x, need_weights=True, average_attn_weights=False), list(tmha.parameters()), [tmha]
+        ),
+        "torch_mha_noweights": Variant(lambda x: tmha(x, x, x, need_weights=False), list(tmha.parameters()), [tmha]),
+        "merged_qk": Variant(merged, [w_qk, u, w_v, b_v, w_o, b_o], []),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_step(v: Variant, x: Tensor, mode: str) -> Callable[[], tuple[Tensor, Tensor | None]]:
+    """One timed call: forward only (no_grad) or forward + backward of ``out.sum()``."""
+    if mode == "forward":
+
+        def step() -> tuple[Tensor, Tensor | None]:
+            with torch.no_grad():
+                return v.fn(x)
+
+        return step
+
+    def train_step() -> tuple[Tensor, Tensor | None]:
+        for p in v.params:
+            p.grad = None
+        x.grad = None
+        out, w = v.fn(x)
+        out.sum().backward()
+        return out, w
+
+    return train_step
+
+
+def check_agreement(variants: dict[str, Variant], x: Tensor, mode: str, names: list[str]) -> None:
+    """Every variant's output (and weights, and d out.sum()/dx in train mode) must match attnlib's."""
+    tol = {"rtol": 1e-4, "atol": 1e-4} if x.dtype == torch.float32 else {}
+    ref_out, ref_w = make_step(variants["attnlib"], x, mode)()
+    ref_dx = None if x.grad is None else x.grad.clone()
+    for name in names:
+        out, w = make_step(variants[name], x, mode)()
+        torch.testing.assert_close(out, ref_out, **tol, msg=lambda m: f"{name} ({mode}): output differs: {m}")
+        if w is not None:
+            assert ref_w is not None
+            torch.testing.assert_close(w, ref_w, **tol, msg=lambda m: f"{name}: weights differ: {m}")
+        if ref_dx is not None:
+            assert x.grad is not None
+            torch.testing.assert_close(x.grad, ref_dx, **tol, msg=lambda m: f"{name}: d/dx differs: {m}")
+
+
+GEMM = "reference_gemm"
+GEMM_SHAPE = (2048, 512, 1536)  # (B n, d_model) @ (d_model, 3 d_model) of the reference layer
+
+
+def reference_gemm(device: torch.device, dtype: torch.dtype) -> Callable[[], Tensor]:
+    """One big ``torch.matmul`` ``(2048, 512) @ (512, 1536)``, timed in every round beside
+    the variants, so the machine's matrix-product rate is measured in the same conditions."""
+    m, k, n = GEMM_SHAPE
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    return lambda: a @ b
+
+
+def forward_gflop(B: int, n: int, d: int) -> float:
+    """Projections ``4 * 2 B n d^2`` plus scores and values ``2 * 2 B n^2 d`` (all heads)."""
+    return (8 * B * n * d * d + 4 * B * n * n * d) / 1e9
+
+
+def time_config(
+    B: int, n: int, d: int, h: int, mode: str, names: list[str], rounds: int,
+    device: torch.device, dtype: torch.dtype, clock: Callable[[], float], seed: int = 0,
+) -> dict[str, list[float]]:
+    """Per-round times (seconds) of each variant, interleaved, after checking agreement."""
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(d, h, device=device, dtype=dtype)
+    variants = build_variants(mha)
+    for v in variants.values():
+        for m in v.modules:
+            m.train(mode == "train")
+    x = torch.randn(B, n, d, device=device, dtype=dtype, requires_grad=(mode == "train"))
+    check_agreement(variants, x, mode, names)
+    steps = {name: make_step(variants[name], x, mode) for name in names}
+    steps[GEMM] = reference_gemm(device, dtype)
+    for step in steps.values():  # warm-up
+        step()
+        step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(rounds):
+        order = list(steps)[r % len(steps):] + list(steps)[: r % len(steps)]  # rotate who goes first
+        for name in order:
+            _sync(device)
+            t = clock()
+            steps[name]()
+            _sync(device)
+            times[name].append(clock() - t)
+    return times
+
+
+def summarise(times: dict[str, list[float]], meta: dict[str, object], gflop: float) -> list[dict[str, object]]:
+    """One row per variant: medians, quartiles, the median paired ratio against torch MHA
+    returning the same thing, and the GEMM floor at the rate of this config's rounds."""
+    rows = []
+    m, k, n = GEMM_SHAPE
+    rate = 2 * m * k * n / statistics.median(times.pop(GEMM)) / 1e9  # GFLOP/s
+    for name, ts in times.items():
+        ref = "torch_mha" if name in RETURNS_WEIGHTS else "torch_mha_noweights"
+        ratio = (
+            statistics.median(a / b for a, b in zip(ts, times[ref], strict=True)) if ref in times else float("nan")
+        )
+        q1, _, q3 = statistics.quantiles(ts, n=4) if len(ts) > 1 else (ts[0], ts[0], ts[0])
+        rows.append({
+            **meta, "variant": name, "returns_weights": name in RETURNS_WEIGHTS,
+            "median_ms": round(statistics.median(ts) * 1e3, 4), "q1_ms": round(q1 * 1e3, 4),
+            "q3_ms": round(q3 * 1e3, 4), "rounds": len(ts), "ratio_vs_torch": round(ratio, 4),
+            "gflop": round(gflop, 4), "floor_ms": round(gflop / rate * 1e3, 4), "matmul_gflops": round(rate, 2),
+        })
+    return rows
+
+
+def read_results(path: str | Path) -> list[dict[str, object]]:
+    """Rows of a results CSV with numbers as numbers."""
+    ints = {"threads", "B", "n", "d_model", "h", "d_k", "rounds"}
+    floats = {"median_ms", "q1_ms", "q3_ms", "ratio_vs_torch", "gflop", "floor_ms", "matmul_gflops"}
+    with open(path, newline="") as f:
+        rows: list[dict[str, object]] = []
+        for row in csv.DictReader(f):
+            rows.append({k: int(v) if k in ints else float(v) if k in floats else
+                         (v == "True") if k == "returns_weights" else v for k, v in row.items()})
+    return rows
+
+
+def plot(rows: list[dict[str, object]], path: Path, h_fixed: int, n_fixed: int) -> None:
+    """Time against n (h fixed) and against h (n fixed), one row of panels per mode."""
+    from attnlib import plots
+
+    fig = plots.benchmark_panels(rows, h_fixed=h_fixed, n_fixed=n_fixed)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    p.add_argument("--out", default=None, help="CSV to write (default benchmarks/results/<device>_sweep.csv)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512], help="n, with --heads-at-lengths' h")
+    p.add_argument("--heads", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="h, at n = --length-for-heads")
+    p.add_argument("--heads-at-lengths", type=int, default=8)
+    p.add_argument("--length-for-heads", type=int, default=256)
+    p.add_argument("--modes", nargs="+", default=["forward", "train"], choices=["forward", "train"])
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per configuration")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="cpu = process CPU time (CPU only)")
+    p.add_argument("--target", action="store_true", help="only B=8, n=256, d=512, h=8: attnlib vs torch MHA")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds: a smoke test")
+    p.add_argument("--no-plot", action="store_true")
+    a = p.parse_args(argv)
+
+    device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but torch.cuda.is_available() is False")
+    if a.clock == "cpu" and device.type != "cpu":
+        p.error("--clock cpu measures the process's CPU time: use it with --device cpu only")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    dtype = getattr(torch, a.dtype)
+    clock = time.process_time if a.clock == "cpu" else time.perf_counter
+    names = list(a.variants)
+    for needed in ("attnlib", "torch_mha", "torch_mha_noweights"):
+        if needed not in names:
+            names.append(needed)
+    if a.target:
+        a.batch, a.d_model, a.rounds = 8, 512, max(a.rounds, 25)
+        configs = [(256, 8)]
+        names = [v for v in TARGET_VARIANTS]
+    elif a.quick:
+        a.batch, a.d_model, a.rounds, a.heads_at_lengths, a.length_for_heads = 2, 64, 2, 4, 32
+        configs = [(16, 4), (32, 4), (32, 2)]
+    else:
+        configs = [(n, a.heads_at_lengths) for n in a.lengths]
+        configs += [(a.length_for_heads, h) for h in a.heads if (a.length_for_heads, h) not in configs]
+    out = Path(a.out or f"benchmarks/results/{device.type}_{'target' if a.target else 'sweep'}.csv")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    if device.type == "cpu":
+        name = f"{name}, {os.cpu_count()} logical CPUs"
+    threads = torch.get_num_threads()
+    print(f"{name}; torch {torch.__version__}; {threads} threads; clock {a.clock}")
+    rows: list[dict[str, object]] = []
+    date = datetime.date.today().isoformat()
+    for mode in a.modes:
+        for n, h in configs:
+            times = time_config(a.batch, n, a.d_model, h, mode, names, a.rounds, device, dtype, clock)
+            gflop = forward_gflop(a.batch, n, a.d_model) * (3 if mode == "train" else 1)
+            meta = {"device": device.type, "device_name": name, "threads": threads, "clock": a.clock,
+                    "dtype": a.dtype, "torch": torch.__version__, "mode": mode, "B": a.batch, "n": n,
+                    "d_model": a.d_model, "h": h, "d_k": a.d_model // h, "date": date}
+            new = summarise(times, meta, gflop)
+            rows += new
+            summary = ", ".join(f"{r['variant']} {r['median_ms']:.2f} ms ({r['ratio_vs_torch']:.2f}x)" for r in new)
+            print(f"{mode:7s} n={n:4d} h={h:2d} matmul {new[0]['matmul_gflops']:.0f} GFLOP/s, "
+                  f"floor {new[0]['floor_ms']:.2f} ms: {summary}", flush=True)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {out}")
+    if not a.no_plot and not a.target:
+        plot(rows, out.with_suffix(".png"), a.heads_at_lengths, a.length_for_heads)
+        print(f"wrote {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
