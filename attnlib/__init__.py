@@ -4,6 +4,7 @@ The library behind the book. One module per idea, in the order of the chapters:
 
 - :mod:`attnlib.attention`: scaled dot-product attention, one query or many (ch. 1)
 - :mod:`attnlib.multihead`: per-head projections, fused and separate (ch. 2-3)
+- :mod:`attnlib.lowrank`: the factored products W_i^QK, W_i^OV: SVD, rank, costs, gauge (ch. 4)
 - :mod:`attnlib.interop`: other libraries' weight layouts, and mask conventions (ch. 5)
 
 Orientation everywhere: row vectors, ``y = x @ W``, weights ``(d_in, d_out)``.
@@ -12,12 +13,17 @@ Masks: boolean, ``True`` = may attend.
 
 from attnlib.attention import attention, masked_softmax
 from attnlib.interop import AttentionWeights
+from attnlib.lowrank import FactoredMatrix, FlopCount, ov_circuit, qk_circuit
 from attnlib.multihead import HeadWeights, MultiHeadAttention, SeparateHeadsAttention
 
 __all__ = [
     "attention",
     "masked_softmax",
     "AttentionWeights",
+    "FactoredMatrix",
+    "FlopCount",
+    "qk_circuit",
+    "ov_circuit",
     "HeadWeights",
     "MultiHeadAttention",
     "SeparateHeadsAttention",
