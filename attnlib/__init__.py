@@ -6,6 +6,8 @@ The library behind the book. One module per idea, in the order of the chapters:
 - :mod:`attnlib.multihead`: per-head projections, fused and separate (ch. 2-3)
 - :mod:`attnlib.lowrank`: the factored products W_i^QK, W_i^OV: SVD, rank, costs, gauge (ch. 4)
 - :mod:`attnlib.interop`: other libraries' weight layouts, and mask conventions (ch. 5)
+- :mod:`attnlib.pretrained`: all-MiniLM-L6-v2's attention, read offline from its package (ch. 6)
+- :mod:`attnlib.plots`: the book's figures
 
 Orientation everywhere: row vectors, ``y = x @ W``, weights ``(d_in, d_out)``.
 Masks: boolean, ``True`` = may attend.
@@ -14,6 +16,7 @@ Masks: boolean, ``True`` = may attend.
 from attnlib.attention import attention, masked_softmax
 from attnlib.interop import AttentionWeights
 from attnlib.lowrank import FactoredMatrix, FlopCount, ov_circuit, qk_circuit
+from attnlib.pretrained import mean_pool, minilm_attention
 from attnlib.multihead import HeadWeights, MultiHeadAttention, SeparateHeadsAttention
 
 __all__ = [
@@ -27,5 +30,7 @@ __all__ = [
     "HeadWeights",
     "MultiHeadAttention",
     "SeparateHeadsAttention",
+    "minilm_attention",
+    "mean_pool",
 ]
 __version__ = "0.1.0"
