@@ -110,7 +110,12 @@ def browser(site: str) -> Iterator[object]:
 
 class PageVisit:
     """A page opened in a fresh tab, with every console error, page error and
-    request that left localhost recorded."""
+    request that left localhost recorded (the book must need no network).
+
+    Opening starts the navigation and returns; :meth:`ready` waits until the page
+    is parsed, MathJax has typeset it and every image has loaded or failed. Opening
+    several visits before waiting lets the browser load them side by side.
+    """
 
     def __init__(self, browser: object, url: str, width: int = 1280) -> None:
         self.errors: list[str] = []
@@ -118,23 +123,24 @@ class PageVisit:
         self.page = browser.new_page(viewport={"width": width, "height": 900})  # type: ignore[attr-defined]
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.route("**/*", self._route)
-        self.page.goto(url, wait_until="domcontentloaded")
+        self.page.on("request", self._record)
+        self.page.goto(url, wait_until="commit")
+
+    def ready(self) -> "PageVisit":
+        self.page.wait_for_load_state("domcontentloaded")
         # MathJax 3 resolves startup.promise once it has typeset the page.
         self.page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && "
-                                    "window.MathJax.startup.promise)", timeout=15000)
+                                    "window.MathJax.startup.promise)", timeout=20000)
         self.page.evaluate("() => window.MathJax ? MathJax.startup.promise : null")
         # Images: wait until each has loaded or failed (naturalWidth tells which later).
         self.page.wait_for_function(
-            "() => [...document.images].every(i => i.complete)", timeout=15000)
+            "() => [...document.images].every(i => i.complete)", timeout=20000)
+        return self
 
-    def _route(self, route: object) -> None:
-        url = route.request.url  # type: ignore[attr-defined]
-        if urlparse(url).hostname in ("127.0.0.1", "localhost") or url.startswith(("data:", "blob:")):
-            route.continue_()  # type: ignore[attr-defined]
-        else:
+    def _record(self, request: object) -> None:
+        url = request.url  # type: ignore[attr-defined]
+        if not (urlparse(url).hostname in ("127.0.0.1", "localhost") or url.startswith(("data:", "blob:"))):
             self.external.append(url)
-            route.abort()  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self.page.close()
@@ -181,9 +187,10 @@ _READ_PAGE = """() => {
 def pages(browser: object, site: str) -> dict[str, dict[str, dict]]:
     """Every page read at desktop width (1280 px), then at phone width (390 px)."""
     records: dict[str, dict[str, dict]] = {"desktop": {}, "phone": {}}
-    for name in PAGES:
-        visit = PageVisit(browser, urljoin(site, f"{name}.html"), width=1280)
+    visits = {name: PageVisit(browser, urljoin(site, f"{name}.html")) for name in PAGES}
+    for name, visit in visits.items():
         try:
+            visit.ready()
             records["desktop"][name] = visit.page.evaluate(_READ_PAGE)
             visit.page.set_viewport_size({"width": 390, "height": 800})
             visit.page.wait_for_timeout(100)  # let the layout settle
@@ -259,7 +266,7 @@ def test_sidebar_lists_every_page_and_prev_next_follow_the_toc(desktop: dict) ->
 
 
 def test_search_finds_a_word_from_chapter_1(browser: object, site: str) -> None:
-    visit = PageVisit(browser, urljoin(site, "search.html?q=softmax"))
+    visit = PageVisit(browser, urljoin(site, "search.html?q=softmax")).ready()
     try:
         visit.page.wait_for_selector("ul.search li", timeout=15000)
         hits = visit.page.eval_on_selector_all("ul.search li a", "els => els.map(e => e.href)")
