@@ -124,16 +124,15 @@ class MultiHeadAttention(nn.Module):
         self.d_k = _check_dims(d_model, num_heads)
         self.d_model = d_model
         self.num_heads = num_heads
-        kw = {"device": device, "dtype": dtype}
-        self.w_q = nn.Parameter(torch.empty(d_model, d_model, **kw))  # (d_model, h*d_k)
-        self.w_k = nn.Parameter(torch.empty(d_model, d_model, **kw))  # (d_model, h*d_k)
-        self.w_v = nn.Parameter(torch.empty(d_model, d_model, **kw))  # (d_model, h*d_v)
-        self.w_o = nn.Parameter(torch.empty(d_model, d_model, **kw))  # (h*d_v, d_model)
+        self.w_q = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
+        self.w_k = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
+        self.w_v = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_v)
+        self.w_o = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (h*d_v, d_model)
         if bias:
-            self.b_q = nn.Parameter(torch.empty(d_model, **kw))
-            self.b_k = nn.Parameter(torch.empty(d_model, **kw))
-            self.b_v = nn.Parameter(torch.empty(d_model, **kw))
-            self.b_o = nn.Parameter(torch.empty(d_model, **kw))
+            self.b_q = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
+            self.b_k = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
+            self.b_v = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
+            self.b_o = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
         else:
             self.register_parameter("b_q", None)
             self.register_parameter("b_k", None)
@@ -213,7 +212,7 @@ class MultiHeadAttention(nn.Module):
         if query is key and key is value:
             # Self-attention: one GEMM with the packed (d_model, 3 d_model) matrix [W^Q | W^K | W^V].
             w_qkv = torch.cat([self.w_q, self.w_k, self.w_v], dim=1)  # (d_model, 3*d_model)
-            b_qkv = None if self.b_q is None else torch.cat([self.b_q, self.b_k, self.b_v])  # type: ignore[list-item]
+            b_qkv = None if self.b_q is None else torch.cat([self.b_q, self.b_k, self.b_v])
             qkv = _linear(query, w_qkv, b_qkv).view(B, n_q, 3, h, d_k).permute(2, 0, 3, 1, 4)  # (3, B, h, n, d_k)
             if need_weights:
                 qkv = qkv.contiguous()  # one copy; then q, k, v fold to (B*h, n, d_k) for free
@@ -307,6 +306,11 @@ class SeparateHeadsAttention(nn.Module):
     shapes are those of :class:`MultiHeadAttention`.
     """
 
+    # Per-head biases: a ParameterList of h vectors, or None when bias=False.
+    b_q: nn.ParameterList | None
+    b_k: nn.ParameterList | None
+    b_v: nn.ParameterList | None
+
     def __init__(self, d_model: int, num_heads: int, bias: bool = True) -> None:
         super().__init__()
         self.d_k = _check_dims(d_model, num_heads)
@@ -329,9 +333,11 @@ class SeparateHeadsAttention(nn.Module):
             self.b_q = heads(fused.b_q.view(h, d_k))  # h x (d_k,)
             self.b_k = heads(fused.b_k.view(h, d_k))  # h x (d_k,)
             self.b_v = heads(fused.b_v.view(h, d_k))  # h x (d_v,)
-            self.b_o = nn.Parameter(fused.b_o.detach().clone())  # type: ignore[union-attr]
+            self.b_o = nn.Parameter(fused.b_o.detach().clone())
         else:
-            self.b_q = self.b_k = self.b_v = None
+            self.b_q = None
+            self.b_k = None
+            self.b_v = None
             self.register_parameter("b_o", None)
 
     @property

@@ -53,8 +53,8 @@ def attention_map(
     im = ax.imshow(w, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xlabel("key (position read from)")
     ax.set_ylabel("query (position reading)")
-    ax.set_xticks(range(w.shape[1]), key_labels if key_labels is not None else range(w.shape[1]))
-    ax.set_yticks(range(w.shape[0]), query_labels if query_labels is not None else range(w.shape[0]))
+    ax.set_xticks(range(w.shape[1]), list(key_labels) if key_labels is not None else [str(j) for j in range(w.shape[1])])
+    ax.set_yticks(range(w.shape[0]), list(query_labels) if query_labels is not None else [str(i) for i in range(w.shape[0])])
     if annotate and w.size <= 144:
         for i in range(w.shape[0]):
             for j in range(w.shape[1]):
@@ -274,15 +274,15 @@ def benchmark_panels(
         for j, (key, fixed_key, fixed) in enumerate((("n", "h", h_fixed), ("h", "n", n_fixed))):
             ax = axes[i, j]
             sel = [r for r in rows if r["mode"] == mode and r[fixed_key] == fixed]
-            xs = sorted({int(r[key]) for r in sel})  # type: ignore[call-overload]
+            xs = sorted({int(str(r[key])) for r in sel})
             if not xs:
                 raise ValueError(f"no {mode!r} rows with {fixed_key} = {fixed}")
             for v in variants:
-                pts = {int(r[key]): float(r["median_ms"]) for r in sel if r["variant"] == v}  # type: ignore[arg-type]
+                pts = {int(str(r[key])): float(str(r["median_ms"])) for r in sel if r["variant"] == v}
                 if pts:
                     x = [k for k in xs if k in pts]
                     ax.plot(x, [pts[k] for k in x], marker="o", markersize=3, label=labels.get(v, v))
-            floor = {int(r[key]): float(r["floor_ms"]) for r in sel}  # type: ignore[arg-type]
+            floor = {int(str(r[key])): float(str(r["floor_ms"])) for r in sel}
             ax.plot(xs, [floor[k] for k in xs], "k--", linewidth=1, label="GEMM floor")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
