@@ -38,8 +38,8 @@ Usage (from the repository root)::
     python benchmarks/bench_attention.py                       # sweep on CPU, default threads
     python benchmarks/bench_attention.py --threads 1 --clock cpu --out benchmarks/results/cpu_sweep.csv
     python benchmarks/bench_attention.py --target --out benchmarks/results/cpu_target.csv
-    python benchmarks/bench_attention.py --device cuda --out benchmarks/results/gpu_h100.csv
-    python benchmarks/bench_attention.py --device cuda --target --out benchmarks/results/gpu_h100_target.csv
+    python benchmarks/bench_attention.py --device cuda --out benchmarks/results/cuda_sweep.csv
+    python benchmarks/bench_attention.py --device cuda --target --out benchmarks/results/cuda_target.csv
     python benchmarks/bench_attention.py --quick                # a few seconds: smoke test
 
 ``--target`` measures only the book's reference layer (B=8, n=256, d_model=512,
