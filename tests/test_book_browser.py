@@ -289,3 +289,15 @@ def test_phone_width_has_no_horizontal_scroll(phone: dict, name: str) -> None:
     tables scroll inside their own boxes)."""
     assert phone[name]["overflow"] <= 1, f"{name}: page is {phone[name]['overflow']}px wider than 390px"
     assert not phone[name]["errors"], f"{name}: console errors at phone width: {phone[name]['errors'][:3]}"
+
+
+def test_missing_browser_skips_with_install_hint_or_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Chromium the browser tests skip and say how to install it; under
+    CI=true the same situation is a failure, so CI cannot pass without a browser."""
+    monkeypatch.setattr(sys.modules[__name__], "_chromium", lambda: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
+        _require_browser()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install chromium"):
+        _require_browser()
