@@ -15,7 +15,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-__all__ = ["attention_map", "attention_maps", "line_plot", "bar_plot", "singular_values",
+__all__ = ["attention_map", "attention_maps", "line_plot", "singular_values",
            "spectra_groups", "strip_plot", "benchmark_panels", "block_heatmap"]
 
 
@@ -30,6 +30,15 @@ def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
         fig, ax = plt.subplots(figsize=figsize, layout="constrained")
         return fig, ax
     return ax.figure, ax  # type: ignore[return-value]
+
+
+def _finish(ax: Axes, xlabel: str, ylabel: str, title: str | None, grid: str = "both") -> None:
+    """Label both axes, set the optional title, draw a light grid."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(axis=grid, alpha=0.3)  # type: ignore[arg-type]
 
 
 def attention_map(
@@ -115,37 +124,12 @@ def line_plot(
     fig, ax = _axes(ax, (5.5, 3.6))
     for label, y in series.items():
         ax.plot(_to_numpy(np.asarray(x)), _to_numpy(np.asarray(y)), marker="o", markersize=3, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _finish(ax, xlabel, ylabel, title)
     ax.legend()
-    return fig
-
-
-def bar_plot(
-    labels: Sequence[str],
-    values: Sequence[float] | np.ndarray,
-    xlabel: str,
-    ylabel: str,
-    ax: Axes | None = None,
-    title: str | None = None,
-) -> Figure:
-    """Vertical bars, one per label."""
-    fig, ax = _axes(ax, (1.0 + 0.8 * len(labels), 3.4))
-    ax.bar(range(len(labels)), _to_numpy(np.asarray(values)), color="tab:blue")
-    ax.set_xticks(range(len(labels)), labels)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(0, None)
-    if title:
-        ax.set_title(title)
-    ax.grid(axis="y", alpha=0.3)
     return fig
 
 
@@ -165,11 +149,7 @@ def singular_values(
         v = np.sort(_to_numpy(s))[::-1]
         ax.plot(np.arange(1, len(v) + 1), np.maximum(v, floor), label=label)
     ax.set_yscale("log")
-    ax.set_xlabel("index of singular value (largest first)")
-    ax.set_ylabel("singular value")
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _finish(ax, "index of singular value (largest first)", "singular value", title)
     ax.legend()
     return fig
 
@@ -203,11 +183,8 @@ def spectra_groups(
             ax.plot(x, np.maximum(v, floor), color=colors[g % len(colors)], alpha=0.6, linewidth=1.0,
                     label=label if row == 0 else None)
     ax.set_yscale("log")
-    ax.set_xlabel("index of singular value (largest first)")
-    ax.set_ylabel("singular value / largest" if normalize else "singular value")
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
+    ylabel = "singular value / largest" if normalize else "singular value"
+    _finish(ax, "index of singular value (largest first)", ylabel, title)
     ax.legend()
     return fig
 
@@ -238,12 +215,8 @@ def strip_plot(
         xs = np.repeat(np.arange(v.shape[0]) + offset, v.shape[1])
         ax.scatter(xs, v.reshape(-1), s=12, alpha=0.7, label=label)
     ax.set_xticks(range(len(x_labels)), x_labels)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
     ax.set_ylim(0, None)
-    if title:
-        ax.set_title(title)
-    ax.grid(axis="y", alpha=0.3)
+    _finish(ax, xlabel, ylabel, title, grid="y")
     ax.legend(loc="lower center", ncol=k, fontsize="small")
     return fig
 

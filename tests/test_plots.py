@@ -1,0 +1,90 @@
+"""attnlib.plots: each helper draws labelled axes and rejects data of the wrong shape."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from attnlib import plots  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _labelled(fig: Figure) -> None:
+    """Every axes that shows data names its x and y axes."""
+    drawn = [ax for ax in fig.axes if ax.has_data() and ax.get_label() != "<colorbar>"]
+    assert drawn, "the figure draws nothing"
+    for ax in drawn:
+        assert ax.get_xlabel() or ax.get_xticklabels(), "x axis has neither label nor ticks"
+        assert ax.get_ylabel() or ax.get_yticklabels(), "y axis has neither label nor ticks"
+
+
+def test_attention_map() -> None:
+    w = torch.softmax(torch.randn(3, 4), -1)
+    fig = plots.attention_map(w, ["a", "b", "c"], ["w", "x", "y", "z"], title="t")
+    ax = fig.axes[0]
+    assert ax.get_xlabel().startswith("key") and ax.get_ylabel().startswith("query")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["w", "x", "y", "z"]
+    assert len(ax.texts) == 12  # every cell annotated
+    with pytest.raises(ValueError, match=r"weights must have shape \(n_q, n_k\), got \(2, 3, 4\)"):
+        plots.attention_map(torch.rand(2, 3, 4))
+
+
+def test_attention_maps() -> None:
+    fig = plots.attention_maps(torch.rand(5, 3, 3), labels=["a", "b", "c"], ncols=4)
+    titled = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titled == [f"head {i}" for i in range(5)]
+    assert sum(not ax.axison for ax in fig.axes) == 3  # the unused panels of a 2 x 4 grid
+    with pytest.raises(ValueError, match=r"weights must have shape \(h, n_q, n_k\), got \(3, 3\)"):
+        plots.attention_maps(torch.rand(3, 3))
+
+
+def test_line_plot_and_singular_values() -> None:
+    fig = plots.line_plot([1, 2, 4], {"a": [1.0, 2.0, 3.0]}, "x", "y", logx=True, logy=True, title="t")
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("x", "y", "t")
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    fig = plots.singular_values({"rank 2": torch.tensor([3.0, 1.0, 0.0])})
+    line = fig.axes[0].lines[0]
+    assert list(line.get_ydata()) == [3.0, 1.0, 1e-12]  # the zero is drawn at the floor
+    _labelled(fig)
+
+
+def test_block_heatmap() -> None:
+    fig = plots.block_heatmap(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), ["r0", "r1"], ["c0", "c1"],
+                              "block", "output", "gradient norm")
+    _labelled(fig)
+    assert [t.get_text() for t in fig.axes[0].texts].count("0") == 2  # exact zeros print as 0
+    with pytest.raises(ValueError, match=r"values must have shape .* = \(2, 2\), got \(2, 3\)"):
+        plots.block_heatmap(torch.rand(2, 3), ["r0", "r1"], ["c0", "c1"], "b", "o", "g")
+
+
+def test_benchmark_panels_on_the_committed_results() -> None:
+    spec = importlib.util.spec_from_file_location("bench_attention", RESULTS.parent / "bench_attention.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up while it runs
+    spec.loader.exec_module(bench)
+    rows = bench.read_results(RESULTS / "cpu_sweep.csv")
+    fig = plots.benchmark_panels(rows)
+    _labelled(fig)
+    with pytest.raises(ValueError, match="none of the requested modes"):
+        plots.benchmark_panels(rows, modes=("inference",))
+    with pytest.raises(ValueError, match="no 'forward' rows with"):
+        plots.benchmark_panels(rows, h_fixed=3)
