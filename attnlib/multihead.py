@@ -242,7 +242,8 @@ class MultiHeadAttention(nn.Module):
                 mask = mask.unsqueeze(0)  # (n_k,) -> (1, n_k): SDPA rejects a 1-D mask
             heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, n_q, d_v)
             if mask is not None:
-                # SDPA gives NaN for a query with no allowed key; attnlib gives 0.
+                # attnlib defines a query with no allowed key to read 0. torch 2.13's SDPA
+                # agrees, but older releases (allowed by pyproject) return NaN there.
                 reads_nothing = ~mask.any(dim=-1, keepdim=True)  # (.., n_q, 1)
                 heads = heads.masked_fill(reads_nothing, 0.0)
         concat = heads.transpose(1, 2).reshape(B, n_q, h * d_k)  # (B, n_q, h*d_v)
