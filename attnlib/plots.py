@@ -82,8 +82,12 @@ def attention_maps(
     ncols: int = 4,
     title: str | None = None,
     panel_titles: Sequence[str] | None = None,
+    colorbar: bool = True,
 ) -> Figure:
-    """A grid of attention maps, one panel per head: ``weights`` is ``(h, n_q, n_k)``."""
+    """A grid of attention maps, one panel per head: ``weights`` is ``(h, n_q, n_k)``.
+
+    Every panel uses the same colour scale, 0 to 1, shown once by a shared colour bar.
+    """
     w = _to_numpy(weights)
     if w.ndim != 3:
         raise ValueError(f"weights must have shape (h, n_q, n_k), got {w.shape}")
@@ -105,6 +109,9 @@ def attention_maps(
             ax.set_ylabel("query")
         if i >= h - ncols:
             ax.set_xlabel("key")
+    if colorbar:
+        fig.colorbar(axes.flat[0].images[0], ax=axes, shrink=0.8 if nrows == 1 else 0.5,
+                     label="attention weight")
     if title:
         fig.suptitle(title)
     return fig

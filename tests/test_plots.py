@@ -88,3 +88,12 @@ def test_benchmark_panels_on_the_committed_results() -> None:
         plots.benchmark_panels(rows, modes=("inference",))
     with pytest.raises(ValueError, match="no 'forward' rows with"):
         plots.benchmark_panels(rows, h_fixed=3)
+
+
+def test_attention_maps_share_one_colour_bar() -> None:
+    fig = plots.attention_maps(torch.rand(3, 4, 4), ncols=3)
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 1 and bars[0].get_ylabel() == "attention weight"
+    assert all(im.get_clim() == (0.0, 1.0) for ax in fig.axes for im in ax.images)
+    fig = plots.attention_maps(torch.rand(2, 4, 4), colorbar=False)
+    assert not [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
