@@ -244,7 +244,8 @@ class FactoredMatrix:
         ``M``: cost :math:`O((m + n) r^2)` instead of :math:`O(m n \min(m, n))`.
 
         Returns ``U``: ``(..., m, k)``, ``S``: ``(..., k)`` (decreasing),
-        ``Vh``: ``(..., k, n)``, with ``k = min(m, n, r)``.
+        ``Vh``: ``(..., k, n)``, with ``k = min(m, n, r)``. Computed once per
+        instance while the factors stay unchanged (``@_cached``).
         """
         q_l, core, q_r = self._core()  # (.., m, k_l), (.., k_l, k_r), (.., n, k_r)
         u_c, s, vh_c = torch.linalg.svd(core, full_matrices=False)
