@@ -16,8 +16,9 @@
   orientation, with :class:`Biases` (all four or none) and the packing of
   ``[W^Q | W^K | W^V]`` (:func:`pack_qkv`, :func:`split_qkv`).
 
-Every other module imports from here, never the other way round:
-``_core`` <- ``attention`` <- ``multihead`` <- ``lowrank``, ``interop`` <- ``pretrained``.
+Every other module imports from here, and imports only point down the chapters:
+``attention`` and ``interop`` use ``_core`` alone; ``multihead`` uses ``attention``;
+``lowrank`` uses ``multihead``; ``pretrained`` uses ``interop`` and ``multihead``.
 """
 
 from __future__ import annotations

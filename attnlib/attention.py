@@ -57,7 +57,11 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None, dim: int = -1) ->
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
-    """:func:`masked_softmax` without the checks (the caller has made them)."""
+    """:func:`masked_softmax` without the checks (the caller has made them).
+
+    attnlib's one definition of a query with no allowed key: its weights are all
+    0 and its gradients 0, never NaN.
+    """
     neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
     masked = torch.where(mask, scores, neg_inf)  # (..., n), -inf where not allowed
     row_max = masked.amax(dim=dim, keepdim=True)  # (..., 1)
