@@ -342,59 +342,64 @@ def _explorer_pages(site: str) -> dict[str, list[str]]:
     return found
 
 
+_FIGURE = "root => [...root.querySelectorAll('svg.explorer-figure')].map(s => s.outerHTML).join('\\n')"
+_CONTROLS = "root => [...root.querySelectorAll('select, input, button, textarea')]"
+
+
 def _operate_every_control(page: object, root_id: str) -> list[str]:
     """Operate each control of one explorer by keyboard and by mouse; return what failed."""
     root = page.locator(f"#{root_id}")  # type: ignore[attr-defined]
-    state = lambda: root.evaluate(_EXPLORER_STATE)  # noqa: E731
     failed: list[str] = []
 
     def check(what: str, action: object) -> None:
-        before = state()["figure"]
+        before = root.evaluate(_FIGURE)
         action()  # type: ignore[operator]
-        after = state()["figure"]
-        if after == before:
+        if root.evaluate(_FIGURE) == before:
             failed.append(f"{root_id}: {what} did not change the figure")
 
-    controls = state()["controls"]
-    for i, c in enumerate(controls):
-        # the control, found again each time: a control may rebuild others (tokens)
-        def ctl(c: dict = c, i: int = i) -> object:
-            if c["id"]:
-                return root.locator(f"#{c['id']}")
-            return root.locator("select, input, button, textarea").nth(i)
+    def nth(i: int) -> object:
+        # found again each time: a control may rebuild others (the sentence, the tokens)
+        return root.locator("select, input, button, textarea").nth(i)
 
+    def value(i: int) -> str:
+        return root.evaluate(f"r => ({_CONTROLS})(r)[{i}].value")  # type: ignore[no-any-return]
+
+    def pressed(i: int) -> bool:
+        return root.evaluate(f"r => ({_CONTROLS})(r)[{i}].getAttribute('aria-pressed') === 'true'")  # type: ignore[no-any-return]
+
+    controls = root.evaluate(_EXPLORER_STATE)["controls"]
+    buttons = [i for i, c in enumerate(controls) if c["tag"] == "button"]
+    for i, c in enumerate(controls):
         what = f"{c['tag']} {c['id'] or c['label']!r}"
         if c["tag"] == "select":
-            last = str(c["nOptions"] - 1)
-            key = "ArrowUp" if c["value"] == last else "ArrowDown"
-            check(f"{what} by keyboard ({key})", lambda: (ctl().focus(), page.keyboard.press(key)))  # type: ignore[attr-defined]
-            other = "0" if state()["controls"][i]["value"] != "0" else "1"
+            key = "ArrowUp" if value(i) == str(c["nOptions"] - 1) else "ArrowDown"
+            check(f"{what} by keyboard ({key})", lambda: (nth(i).focus(), page.keyboard.press(key)))  # type: ignore[attr-defined]
+            other = "0" if value(i) != "0" else "1"
             # a native <select> opens a popup drawn outside the page; choosing from it is
             # what select_option does (the same input and change events as a click)
-            check(f"{what} by mouse", lambda: ctl().select_option(other))
+            check(f"{what} by mouse", lambda: nth(i).select_option(other))  # type: ignore[attr-defined]
         elif c["tag"] == "input" and c["type"] == "range":
-            at_max = state()["controls"][i]["value"] == c["max"]
-            key = "Home" if at_max else "End"
-            check(f"{what} by keyboard ({key})", lambda: (ctl().focus(), page.keyboard.press(key)))  # type: ignore[attr-defined]
-            box = ctl().bounding_box()
+            key = "Home" if value(i) == c["max"] else "End"
+            check(f"{what} by keyboard ({key})", lambda: (nth(i).focus(), page.keyboard.press(key)))  # type: ignore[attr-defined]
+            box = nth(i).bounding_box()  # type: ignore[attr-defined]
             x = box["x"] + box["width"] * (0.5 if key == "Home" else 0.1)  # away from where it is
             check(f"{what} by mouse", lambda: page.mouse.click(x, box["y"] + box["height"] / 2))  # type: ignore[attr-defined]
         elif c["tag"] == "button":
-            if state()["controls"][i]["pressed"] == "true":
-                continue  # already the current one; the others are operated below
-            # from the control before it, Tab moves the focus onto it (and focus selects it)
-            def tab_to(b: object = ctl) -> None:
-                b().evaluate("b => { const all = [...b.closest('[data-explorer]')"  # type: ignore[operator]
-                             ".querySelectorAll('select, input, button')]; all[all.indexOf(b) - 1].focus(); }")
+            another = next(j for j in buttons if j != i)
+            if len(buttons) > 1 and pressed(i):
+                nth(another).click()  # type: ignore[attr-defined]
+            check(f"{what} by mouse", lambda: nth(i).click())  # type: ignore[attr-defined]
+            nth(another).click()  # type: ignore[attr-defined]
+
+            # from the control before it, Tab moves the focus onto it, Enter presses it
+            def tab_to() -> None:
+                nth(i - 1).focus()  # type: ignore[attr-defined]
                 page.keyboard.press("Tab")  # type: ignore[attr-defined]
                 page.keyboard.press("Enter")  # type: ignore[attr-defined]
 
             check(f"{what} by keyboard (Tab, Enter)", tab_to)
-            # back to another token by mouse
-            others = [j for j, d in enumerate(state()["controls"]) if d["tag"] == "button" and d["pressed"] != "true"]
-            j = others[0]
-            target = root.locator("select, input, button, textarea").nth(j)
-            check(f"{what}: another token by mouse", lambda: target.click())
+            if not pressed(i):
+                failed.append(f"{root_id}: {what}: Tab and Enter did not select it")
         else:
             failed.append(f"{root_id}: unexpected control {what}")
     return failed
