@@ -34,3 +34,8 @@ __all__ = [
     "mean_pool",
 ]
 __version__ = "0.1.0"  # the one place; pyproject.toml reads it
+
+# interactive figures of the rendered book (attnlib.explorers)
+from attnlib.explorers import head_explorer, sharpness_explorer  # noqa: E402
+
+__all__ += ["head_explorer", "sharpness_explorer"]
