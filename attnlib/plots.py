@@ -317,3 +317,70 @@ def block_heatmap(
         ax.set_title(title)
     fig.colorbar(im, ax=ax, label=colorbar_label)
     return fig
+
+
+def head_blocks(
+    w_q: torch.Tensor | np.ndarray,
+    concat: torch.Tensor | np.ndarray,
+    w_o: torch.Tensor | np.ndarray,
+    num_heads: int,
+) -> Figure:
+    r"""Where each head lives in the fused layer: three panels, one colour per head.
+
+    Left: ``w_q`` ``(d_model, h d_k)``, whose column block ``i`` is :math:`W_i^Q`.
+    Middle: ``concat`` ``(n, h d_v)``, :math:`\mathrm{Concat}(\mathrm{head}_0, \dots)`,
+    whose column block ``i`` is head ``i``'s output. Right: ``w_o`` ``(h d_v, d_model)``,
+    whose row block ``i`` is :math:`W_i^O`, the rows that read head ``i``. Each panel
+    shows the magnitudes of the entries in grey, tinted with the head's colour; heads
+    are numbered from 0.
+    """
+    q, c, o = _to_numpy(w_q), _to_numpy(concat), _to_numpy(w_o)
+    if not (isinstance(num_heads, int) and num_heads > 0):
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    if q.ndim != 2 or q.shape[1] % num_heads:
+        raise ValueError(
+            f"w_q must have shape (d_model, h*d_k) with h = {num_heads} dividing its "
+            f"columns, got {q.shape}"
+        )
+    if c.ndim != 2 or c.shape[1] % num_heads:
+        raise ValueError(
+            f"concat must have shape (n, h*d_v) with h = {num_heads} dividing its "
+            f"columns, got {c.shape}"
+        )
+    if o.ndim != 2 or o.shape[0] != c.shape[1]:
+        raise ValueError(
+            f"w_o must have shape (h*d_v, d_model) = ({c.shape[1]}, d_model), got {o.shape}"
+        )
+    d_k, d_v = q.shape[1] // num_heads, c.shape[1] // num_heads
+    colours = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.6), layout="constrained",
+                             width_ratios=[q.shape[1], c.shape[1], o.shape[1]])
+    panels = [
+        (axes[0], q, "1. $W^Q$: column block $i$ is $W_i^Q$", "column (block $i$: head $i$)",
+         "row (input feature)", "col", d_k, "$W_{%d}^Q$"),
+        (axes[1], c, "2. Concat: block $i$ is head $i$", "column (block $i$: head $i$)",
+         "row (position)", "col", d_v, "head %d"),
+        (axes[2], o, "3. $W^O$: row block $i$ is $W_i^O$", "column (output feature)",
+         "row (block $i$: head $i$)", "row", d_v, "$W_{%d}^O$"),
+    ]
+    for ax, m, title, xlabel, ylabel, kind, width, label in panels:
+        ax.imshow(np.abs(m), cmap="Greys", aspect="auto", interpolation="nearest")
+        for i in range(num_heads):
+            start = i * width - 0.5
+            if kind == "col":
+                xy, w, h_ = (start, -0.5), width, m.shape[0]
+                centre = (start + width / 2, m.shape[0] / 2 - 0.5)
+            else:
+                xy, w, h_ = (-0.5, start), m.shape[1], width
+                centre = (m.shape[1] / 2 - 0.5, start + width / 2)
+            ax.add_patch(plt.Rectangle(xy, w, h_, facecolor=colours(i % 10), alpha=0.35,
+                                       edgecolor=colours(i % 10), linewidth=2))
+            ax.text(*centre, label % i, ha="center", va="center", fontsize=9,
+                    bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=1))
+        _finish(ax, xlabel, ylabel, None, grid="both")
+        ax.grid(False)
+        ax.set_title(title, fontsize=10)
+    return fig
+
+
+__all__ += ["head_blocks"]
