@@ -34,3 +34,8 @@ __all__ = [
     "mean_pool",
 ]
 __version__ = "0.1.0"
+
+# chapter 7: the phone book, learned (attnlib.recall)
+from attnlib.recall import PhoneBookTask, RecallBatch, RecallHead, block_fractions, train_recall  # noqa: E402
+
+__all__ += ["PhoneBookTask", "RecallBatch", "RecallHead", "train_recall", "block_fractions"]
