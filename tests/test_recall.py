@@ -77,6 +77,8 @@ def test_task_errors() -> None:
         PhoneBookTask(6, -1, 1)
     with pytest.raises(TypeError, match="names must be a torch.long tensor of ids, got torch.float32"):
         TASK.embed(torch.zeros(2))
+    with pytest.raises(TypeError, match="names must be a torch.long tensor of ids, got list"):
+        TASK.embed([0, 1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"numbers must hold ids in 0 \.\. 3, got values in 0 \.\. 4"):
         TASK.embed(torch.tensor([0, 1]), torch.tensor([0, 4]))
     with pytest.raises(ValueError, match=r"numbers must have the shape of names \(2,\), got \(3,\)"):
@@ -153,6 +155,12 @@ def test_model_and_training_errors() -> None:
         train_recall(RecallHead(10, 4, 2), TASK, steps=1, loss="l1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
         train_recall(RecallHead(10, 4, 2), TASK, steps=0)
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got -1"):
+        train_recall(RecallHead(10, 4, 2), TASK, batch_size=-1)
+    with pytest.raises(ValueError, match="n_numbers must be a positive int, got 0"):
+        RecallHead(10, 0, 2)
+    with pytest.raises(ValueError, match=r"query must have shape \(B, n_q, d_model=10\)"):
+        RecallHead(10, 4, 2)(torch.zeros(2, 3, 10), torch.zeros(2, 1, 9))
 
 
 # ---- block fractions --------------------------------------------------------------------
@@ -170,5 +178,7 @@ def test_block_fractions_tile_to_one(m: int, n: int, seed: int) -> None:
 def test_block_fractions_errors() -> None:
     with pytest.raises(ValueError, match=r"matrix must have shape \(m, n\), got \(3,\)"):
         block_fractions(torch.ones(3), [slice(0, 1)], [slice(0, 1)])
+    with pytest.raises(ValueError, match=r"matrix must have shape \(m, n\), got list"):
+        block_fractions([[1.0]], [slice(0, 1)], [slice(0, 1)])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="matrix is zero"):
         block_fractions(torch.zeros(2, 2), [slice(0, 1)], [slice(0, 1)])
