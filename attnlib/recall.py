@@ -117,6 +117,9 @@ class PhoneBookTask:
 
         ``names``, ``numbers``: ``(B, n_pairs)`` ids; ``slot``: ``(B,)`` positions.
         """
+        _check_ids("names", names, self.n_names)
+        _check_ids("numbers", numbers, self.n_numbers)
+        _check_ids("slot", slot, self.n_pairs)
         expected = (names.shape[0] if names.dim() else 0, self.n_pairs)
         if names.dim() != 2 or names.shape[1] != self.n_pairs:
             raise ValueError(f"names must have shape (B, n_pairs={self.n_pairs}), got {tuple(names.shape)}")
@@ -124,7 +127,6 @@ class PhoneBookTask:
             raise ValueError(f"numbers must have shape (B, n_pairs) = {expected}, got {tuple(numbers.shape)}")
         if slot.shape != names.shape[:1]:
             raise ValueError(f"slot must have shape (B,) = ({expected[0]},), got {tuple(slot.shape)}")
-        _check_ids("slot", slot, self.n_pairs)
         rows = torch.arange(names.shape[0])
         asked = names[rows, slot]  # (B,)
         return RecallBatch(

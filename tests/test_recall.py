@@ -90,6 +90,8 @@ def test_task_errors() -> None:
         TASK.batch(names, names[:, :2], torch.tensor([0]))
     with pytest.raises(ValueError, match=r"slot must have shape \(B,\) = \(1,\), got \(2,\)"):
         TASK.batch(names, names, torch.tensor([0, 1]))
+    with pytest.raises(TypeError, match="slot must be a torch.long tensor of ids, got list"):
+        TASK.batch(names, names, [0])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"slot must hold ids in 0 \.\. 2, got values in 3 \.\. 3"):
         TASK.batch(names, names, torch.tensor([3]))
     with pytest.raises(ValueError, match="pairing must be 'all', 'even' or 'odd', got 'none'"):
