@@ -28,18 +28,13 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnlib._core import check_positive_int, check_tensor, format_shape
 from attnlib.multihead import MultiHeadAttention
 
 __all__ = ["PhoneBookTask", "RecallBatch", "RecallHead", "train_recall", "block_fractions"]
 
 Pairing = Literal["all", "even", "odd"]
 Loss = Literal["squared", "cross_entropy"]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class RecallBatch(NamedTuple):
@@ -72,9 +67,9 @@ class PhoneBookTask:
     n_pairs: int
 
     def __post_init__(self) -> None:
-        _positive_int("n_names", self.n_names)
-        _positive_int("n_numbers", self.n_numbers)
-        _positive_int("n_pairs", self.n_pairs)
+        check_positive_int("n_names", self.n_names)
+        check_positive_int("n_numbers", self.n_numbers)
+        check_positive_int("n_pairs", self.n_pairs)
         if self.n_pairs > self.n_names:
             raise ValueError(
                 f"n_pairs ({self.n_pairs}) must be at most n_names ({self.n_names}): "
@@ -107,7 +102,7 @@ class PhoneBookTask:
             _check_ids("numbers", numbers, self.n_numbers)
             if numbers.shape != names.shape:
                 raise ValueError(
-                    f"numbers must have the shape of names {tuple(names.shape)}, got {tuple(numbers.shape)}"
+                    f"numbers must have the shape of names {format_shape(names)}, got {format_shape(numbers)}"
                 )
             out.scatter_(-1, self.n_names + numbers.unsqueeze(-1), 1.0)
         return out
@@ -122,11 +117,11 @@ class PhoneBookTask:
         _check_ids("slot", slot, self.n_pairs)
         expected = (names.shape[0] if names.dim() else 0, self.n_pairs)
         if names.dim() != 2 or names.shape[1] != self.n_pairs:
-            raise ValueError(f"names must have shape (B, n_pairs={self.n_pairs}), got {tuple(names.shape)}")
+            raise ValueError(f"names must have shape (B, n_pairs={self.n_pairs}), got {format_shape(names)}")
         if numbers.shape != names.shape:
-            raise ValueError(f"numbers must have shape (B, n_pairs) = {expected}, got {tuple(numbers.shape)}")
+            raise ValueError(f"numbers must have shape (B, n_pairs) = {expected}, got {format_shape(numbers)}")
         if slot.shape != names.shape[:1]:
-            raise ValueError(f"slot must have shape (B,) = ({expected[0]},), got {tuple(slot.shape)}")
+            raise ValueError(f"slot must have shape (B,) = ({expected[0]},), got {format_shape(slot)}")
         rows = torch.arange(names.shape[0])
         asked = names[rows, slot]  # (B,)
         return RecallBatch(
@@ -152,7 +147,7 @@ class PhoneBookTask:
         even, ``"odd"`` only those with it odd (the two halves share no pair, so a
         head trained on one half can be tested on pairs it never saw).
         """
-        _positive_int("batch_size", batch_size)
+        check_positive_int("batch_size", batch_size)
         if pairing not in ("all", "even", "odd"):
             raise ValueError(f"pairing must be 'all', 'even' or 'odd', got {pairing!r}")
         if pairing != "all" and self.n_numbers % 2:
@@ -196,9 +191,9 @@ class RecallHead(nn.Module):
 
     def __init__(self, d_model: int, n_numbers: int, d_k: int, seed: int = 0, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        _positive_int("d_model", d_model)
-        _positive_int("n_numbers", n_numbers)
-        _positive_int("d_k", d_k)
+        check_positive_int("d_model", d_model)
+        check_positive_int("n_numbers", n_numbers)
+        check_positive_int("d_k", d_k)
         if d_model % d_k:
             raise ValueError(f"d_k ({d_k}) must divide d_model ({d_model})")
         with torch.random.fork_rng(devices=[]):
@@ -250,14 +245,14 @@ def train_recall(
     without biases can fit it exactly). ``loss="cross_entropy"``: the usual
     classification loss, which only asks the target to have the largest logit.
     """
-    _positive_int("steps", steps)
-    _positive_int("batch_size", batch_size)
+    check_positive_int("steps", steps)
+    check_positive_int("batch_size", batch_size)
     if loss not in ("squared", "cross_entropy"):
         raise ValueError(f"loss must be 'squared' or 'cross_entropy', got {loss!r}")
     if model.readout.shape != (task.d_model, task.n_numbers):
         raise ValueError(
             f"model.readout must have shape (d_model, n_numbers) = ({task.d_model}, {task.n_numbers}) "
-            f"to fit the task, got {tuple(model.readout.shape)}"
+            f"to fit the task, got {format_shape(model.readout)}"
         )
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -285,9 +280,9 @@ def block_fractions(matrix: Tensor, row_blocks: Sequence[slice], col_blocks: Seq
     :math:`\lVert M_{r_i, c_j} \rVert_F^2 / \lVert M \rVert_F^2`. The blocks should tile
     the matrix; then the entries sum to 1.
     """
-    if not isinstance(matrix, Tensor) or matrix.dim() != 2:
-        got = tuple(matrix.shape) if isinstance(matrix, Tensor) else type(matrix).__name__
-        raise ValueError(f"matrix must have shape (m, n), got {got}")
+    check_tensor("matrix", matrix)
+    if matrix.dim() != 2:
+        raise ValueError(f"matrix must have shape (m, n), got {format_shape(matrix)}")
     total = matrix.square().sum()
     if total == 0:
         raise ValueError("matrix is zero: it has no norm to share out")

@@ -70,8 +70,10 @@ def test_sample(pairing: str) -> None:
 def test_task_errors() -> None:
     with pytest.raises(ValueError, match=r"n_pairs \(7\) must be at most n_names \(6\)"):
         PhoneBookTask(6, 4, 7)
-    for bad in (0, True, 2.0):
-        with pytest.raises(ValueError, match="n_names must be a positive int"):
+    with pytest.raises(ValueError, match="n_names must be a positive int, got 0"):
+        PhoneBookTask(0, 4, 1)
+    for bad in (True, 2.0):  # one rule across attnlib: a non-int is a TypeError
+        with pytest.raises(TypeError, match="n_names must be a positive int, got"):
             PhoneBookTask(bad, 4, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="n_numbers must be a positive int"):
         PhoneBookTask(6, -1, 1)
@@ -180,7 +182,7 @@ def test_block_fractions_tile_to_one(m: int, n: int, seed: int) -> None:
 def test_block_fractions_errors() -> None:
     with pytest.raises(ValueError, match=r"matrix must have shape \(m, n\), got \(3,\)"):
         block_fractions(torch.ones(3), [slice(0, 1)], [slice(0, 1)])
-    with pytest.raises(ValueError, match=r"matrix must have shape \(m, n\), got list"):
+    with pytest.raises(TypeError, match="matrix must be a torch.Tensor, got list"):
         block_fractions([[1.0]], [slice(0, 1)], [slice(0, 1)])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="matrix is zero"):
         block_fractions(torch.zeros(2, 2), [slice(0, 1)], [slice(0, 1)])
