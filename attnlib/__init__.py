@@ -39,3 +39,8 @@ __version__ = "0.1.0"  # the one place; pyproject.toml reads it
 from attnlib.explorers import head_explorer, sharpness_explorer  # noqa: E402
 
 __all__ += ["head_explorer", "sharpness_explorer"]
+
+# chapter 7: the phone book, learned (attnlib.recall)
+from attnlib.recall import PhoneBookTask, RecallBatch, RecallHead, block_fractions, train_recall  # noqa: E402
+
+__all__ += ["PhoneBookTask", "RecallBatch", "RecallHead", "train_recall", "block_fractions"]
