@@ -34,3 +34,9 @@ __all__ = [
     "mean_pool",
 ]
 __version__ = "0.1.0"
+
+# chapter 9: is my attention right?
+from attnlib import audit  # noqa: E402
+from attnlib.audit import AuditReport, diagnose  # noqa: E402
+
+__all__ += ["audit", "AuditReport", "diagnose"]

@@ -39,7 +39,7 @@ from torch import Tensor
 from attnlib.attention import attention, masked_softmax
 from attnlib.multihead import MultiHeadAttention
 
-__all__ = ["BUGS", "Bug", "AuditReport", "Forward", "diagnose", "planted"]
+__all__ = ["BUGS", "Bug", "AuditReport", "Forward", "diagnose", "planted", "probe_inputs"]
 
 Forward = Callable[[Tensor, Tensor | None], Tensor]
 """A learner's layer as ``forward(x, mask) -> out``: ``x: (B, n, d_model)``, ``mask``: bool
@@ -330,6 +330,16 @@ def _probes(d_model: int, dtype: torch.dtype, device: torch.device, seed: int) -
     return out
 
 
+def probe_inputs(
+    d_model: int, *, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> list[tuple[str, Tensor, Tensor | None]]:
+    """The probes :func:`diagnose` uses: ``(kind, x, mask)`` with ``x: (B, n, d_model)`` and
+    ``mask``: bool ``(n, n)`` (True = may attend) or ``None``; masked probes first."""
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+    return [(p.kind, p.x, p.mask) for p in _probes(d_model, dtype, torch.device("cpu"), seed)]
+
+
 # ---- the report --------------------------------------------------------------------
 
 
@@ -359,18 +369,18 @@ class AuditReport:
     num_heads: int
 
     def __str__(self) -> str:
-        per_kind = ", ".join(f"{k} {_fmt(v)}" for k, v in self.errors.items())
         if self.ok:
-            lines = [f"OK: matches the reference (worst relative error {_fmt(self.max_error)}; {per_kind})"]
+            lines = [f"OK: matches the reference to within {_fmt(self.rtol)} (relative) on every probe"]
             if self.undetectable:
                 lines.append(
                     f"note: with h = {self.num_heads} and these weights, these bugs compute the same "
                     f"numbers and cannot be seen: {', '.join(self.undetectable)}"
                 )
             return "\n".join(lines)
-        lines = [f"WRONG: worst relative error {_fmt(self.max_error)} ({per_kind}; tolerance {_fmt(self.rtol)})"]
+        per_kind = ", ".join(f"{k} {_fmt(v) if v > self.rtol else 'ok'}" for k, v in self.errors.items())
+        lines = [f"WRONG: worst relative error {_fmt(self.max_error)} ({per_kind})"]
         if not self.explanations:
-            lines.append("no bug of the catalogue, alone or in a pair, explains these numbers.")
+            lines.append("no bug of the catalogue, alone or in a pair, explains these numbers;")
             lines.append(_hint(self.errors, self.rtol))
             return "\n".join(lines)
         if len(self.explanations) > 1:
@@ -498,9 +508,9 @@ def diagnose(
         )
     with torch.no_grad():
         expected = [reference(p.x, p.x, p.x, mask=p.mask)[0] for p in probes]
-    errors: dict[str, float] = {}
+    errors = {kind: 0.0 for kind in ("no mask", "causal", "random mask")}
     for p, y, r in zip(probes, yours, expected):
-        errors[p.kind] = max(errors.get(p.kind, 0.0), _rel_error(y, r))
+        errors[p.kind] = max(errors[p.kind], _rel_error(y, r))
     max_error = max(errors.values())
     ok = max_error <= rtol
 
