@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -48,21 +49,26 @@ Forward = Callable[[Tensor, Tensor | None], Tensor]
 
 @dataclass(frozen=True)
 class _Recipe:
-    """How a forward pass computes each step. The defaults are the right computation."""
+    """How a forward pass computes each step; the defaults are right."""
 
-    projection: Literal["x @ W", "x @ W.T"] = "x @ W"  # every projection, W^O included
-    value_weights: Literal["W_v", "W_k"] = "W_v"  # the layer that makes the values
-    split: Literal["view(B, n, h, d_k).transpose(1, 2)", "view(B, h, n, d_k)"] = (
-        "view(B, n, h, d_k).transpose(1, 2)"
-    )
-    scale: Literal["sqrt(d_k)", "1", "sqrt(d_model)"] = "sqrt(d_k)"  # scores divided by it
-    softmax_dim: Literal[-1, -2] = -1  # -1: over the keys; -2: over the queries
-    mask_true: Literal["may attend", "blocked"] = "may attend"  # what True means
-    mask_use: Literal["-inf before softmax", "ignored", "0 before softmax", "zero after softmax"] = (
-        "-inf before softmax"
-    )
-    merge: Literal["transpose(1, 2).reshape(B, n, d)", "reshape(B, n, d)"] = "transpose(1, 2).reshape(B, n, d)"
-    output_projection: bool = True  # multiply the concatenation by W^O (and add b^O)
+    # every projection, W^O included: x @ W (right) or x @ W.T
+    projection: Literal["x @ W", "x @ W.T"] = "x @ W"
+    # the layer that makes the values
+    value_weights: Literal["W_v", "W_k"] = "W_v"
+    # (B, n, d) -> (B, h, n, d_k)
+    split: Literal["view, transpose", "view"] = "view, transpose"
+    # the scores are divided by it
+    scale: Literal["sqrt(d_k)", "1", "sqrt(d_model)"] = "sqrt(d_k)"
+    # -1: each query's weights over the keys sum to 1; -2: over the queries
+    softmax_dim: Literal[-1, -2] = -1
+    # what True in the mask means
+    mask_true: Literal["may attend", "blocked"] = "may attend"
+    # how the mask is used
+    mask_use: Literal["-inf", "ignored", "0", "after softmax"] = "-inf"
+    # (B, h, n, d_k) -> (B, n, d)
+    merge: Literal["transpose, reshape", "reshape"] = "transpose, reshape"
+    # multiply the concatenation by W^O (and add b^O)
+    output_projection: bool = True
 
 
 @dataclass(frozen=True)
@@ -91,14 +97,14 @@ _CATALOGUE: tuple[Bug, ...] = (
         "scale_by_d_model",
         "scores divided by √d_model instead of √d_k",
         "scores = q @ k.transpose(-2, -1) / math.sqrt(d_model)",
-        "scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)   # d_k = d_model // h",
+        "scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)",
         {"scale": "sqrt(d_model)"},
     ),
     Bug(
         "softmax_wrong_axis",
         "softmax normalised over the queries (dim=-2) instead of the keys",
         "weights = scores.softmax(dim=-2)",
-        "weights = scores.softmax(dim=-1)   # each query's weights over the keys sum to 1",
+        "weights = scores.softmax(dim=-1)   # over the keys",
         {"softmax_dim": -2},
     ),
     Bug(
@@ -106,20 +112,20 @@ _CATALOGUE: tuple[Bug, ...] = (
         "(B, n, d) viewed as (B, h, n, d_k) directly",
         "q = q.view(B, h, n, d_k)",
         "q = q.view(B, n, h, d_k).transpose(1, 2)",
-        {"split": "view(B, h, n, d_k)"},
+        {"split": "view"},
     ),
     Bug(
         "merge_without_transpose",
         "heads (B, h, n, d_k) reshaped to (B, n, d) without transposing back",
         "out = heads.reshape(B, n, d_model)",
         "out = heads.transpose(1, 2).reshape(B, n, d_model)",
-        {"merge": "reshape(B, n, d)"},
+        {"merge": "reshape"},
     ),
     Bug(
         "mask_inverted",
         "True in the mask treated as blocked",
         "scores = scores.masked_fill(mask, float('-inf'))",
-        "scores = scores.masked_fill(~mask, float('-inf'))   # True = may attend",
+        "scores = scores.masked_fill(~mask, float('-inf'))",
         {"mask_true": "blocked"},
     ),
     Bug(
@@ -138,9 +144,9 @@ _CATALOGUE: tuple[Bug, ...] = (
     ),
     Bug(
         "weights_transposed",
-        "every projection applied as x @ Wᵀ instead of x @ W (weights loaded the wrong way round)",
+        "every projection applied as x @ Wᵀ instead of x @ W",
         "layer.weight.copy_(W)   # or: x @ W.T",
-        "layer.weight.copy_(W.T)   # nn.Linear stores (d_out, d_in) and computes x @ weight.T",
+        "layer.weight.copy_(W.T)   # nn.Linear computes x @ weight.T",
         {"projection": "x @ W.T"},
     ),
     Bug(
@@ -148,14 +154,14 @@ _CATALOGUE: tuple[Bug, ...] = (
         "blocked scores set to 0 instead of -inf, so blocked keys keep weight",
         "scores = scores.masked_fill(~mask, 0)",
         "scores = scores.masked_fill(~mask, float('-inf'))",
-        {"mask_use": "0 before softmax"},
+        {"mask_use": "0"},
     ),
     Bug(
         "mask_after_softmax",
         "blocked weights zeroed after the softmax, so the rows no longer sum to 1",
         "weights = scores.softmax(dim=-1).masked_fill(~mask, 0)",
         "weights = scores.masked_fill(~mask, float('-inf')).softmax(dim=-1)",
-        {"mask_use": "zero after softmax"},
+        {"mask_use": "after softmax"},
     ),
     Bug(
         "value_uses_key_weights",
@@ -223,36 +229,41 @@ def _qkv(x: Tensor, p: _Weights, recipe: _Recipe) -> tuple[Tensor, Tensor, Tenso
 def _split(t: Tensor, h: int, recipe: _Recipe) -> Tensor:
     """``(B, n, d) -> (B, h, n, d_k)``."""
     B, n, d = t.shape
-    if recipe.split == "view(B, h, n, d_k)":
+    if recipe.split == "view":
         return t.reshape(B, h, n, d // h)  # positions and heads mixed up
     return t.view(B, n, h, d // h).transpose(1, 2)  # (B, h, n, d_k)
 
 
-def _heads(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, d_model: int, recipe: _Recipe) -> Tensor:
-    """Every head's attention output ``(B, h, n, d_k)`` from ``q, k, v: (B, h, n, d_k)``."""
-    scale = {"sqrt(d_k)": 1 / math.sqrt(q.shape[-1]), "1": 1.0, "sqrt(d_model)": 1 / math.sqrt(d_model)}[
-        recipe.scale
-    ]
-    if mask is not None and recipe.mask_true == "blocked":
+def _heads(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+    d_model: int, r: _Recipe,
+) -> Tensor:
+    """Every head's output ``(B, h, n, d_k)``; ``q, k, v: (B, h, n, d_k)``."""
+    scale = {
+        "sqrt(d_k)": 1 / math.sqrt(q.shape[-1]),
+        "1": 1.0,
+        "sqrt(d_model)": 1 / math.sqrt(d_model),
+    }[r.scale]
+    if mask is not None and r.mask_true == "blocked":
         mask = ~mask
-    if mask is not None and recipe.mask_use == "ignored":
+    if r.mask_use == "ignored":
         mask = None
-    if recipe.softmax_dim == -1 and recipe.mask_use in ("-inf before softmax", "ignored"):
-        return attention(q, k, v, mask=mask, scale=scale)[0]  # (B, h, n, d_k): the right path
+    if r.softmax_dim == -1 and r.mask_use in ("-inf", "ignored"):
+        return attention(q, k, v, mask=mask, scale=scale)[0]  # the right path
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, h, n, n)
-    if mask is not None and recipe.mask_use == "0 before softmax":
+    if mask is not None and r.mask_use == "0":
         scores, mask = scores.masked_fill(~mask, 0.0), None
-    if mask is not None and recipe.mask_use == "zero after softmax":
-        weights = masked_softmax(scores, None, dim=recipe.softmax_dim) * mask  # (B, h, n, n)
+    if mask is not None and r.mask_use == "after softmax":
+        weights = masked_softmax(scores, None, dim=r.softmax_dim) * mask
     else:
-        weights = masked_softmax(scores, mask, dim=recipe.softmax_dim)  # (B, h, n, n)
+        weights = masked_softmax(scores, mask, dim=r.softmax_dim)  # (B, h, n, n)
     return weights @ v  # (B, h, n, d_k)
 
 
 def _finish(heads: Tensor, p: _Weights, recipe: _Recipe) -> Tensor:
     """Merge the heads ``(B, h, n, d_k) -> (B, n, d)`` and apply ``W^O`` (or not)."""
     B, h, n, d_k = heads.shape
-    if recipe.merge == "reshape(B, n, d)":
+    if recipe.merge == "reshape":
         concat = heads.reshape(B, n, h * d_k)  # heads and positions mixed up
     else:
         concat = heads.transpose(1, 2).reshape(B, n, h * d_k)  # (B, n, h*d_k)
@@ -376,13 +387,13 @@ class AuditReport:
                     f"note: with h = {self.num_heads} and these weights, these bugs compute the same "
                     f"numbers and cannot be seen: {', '.join(self.undetectable)}"
                 )
-            return "\n".join(lines)
+            return _wrap(lines)
         per_kind = ", ".join(f"{k} {_fmt(v) if v > self.rtol else 'ok'}" for k, v in self.errors.items())
         lines = [f"WRONG: worst relative error {_fmt(self.max_error)} ({per_kind})"]
         if not self.explanations:
             lines.append("no bug of the catalogue, alone or in a pair, explains these numbers;")
             lines.append(_hint(self.errors, self.rtol))
-            return "\n".join(lines)
+            return _wrap(lines)
         if len(self.explanations) > 1:
             alts = "; ".join(" + ".join(e) for e in self.explanations)
             lines.append(f"the probes cannot tell these explanations apart: {alts}")
@@ -391,7 +402,15 @@ class AuditReport:
             lines.append(f"bug {name}: {bug.description}")
             lines.append(f"  look for: {bug.look_for}")
             lines.append(f"  write:    {bug.fix}")
-        return "\n".join(lines)
+        return _wrap(lines)
+
+
+def _wrap(lines: list[str], width: int = 78) -> str:
+    """Lines of prose wrapped to ``width``; the code lines (indented) kept whole."""
+    return "\n".join(
+        line if line.startswith("  ") else textwrap.fill(line, width, subsequent_indent="  ")
+        for line in lines
+    )
 
 
 def _fmt(e: float) -> str:
