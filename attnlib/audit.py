@@ -40,7 +40,7 @@ from torch import Tensor
 from attnlib.attention import attention, masked_softmax
 from attnlib.multihead import MultiHeadAttention
 
-__all__ = ["BUGS", "Bug", "AuditReport", "Forward", "diagnose", "planted", "probe_inputs"]
+__all__ = ["BUGS", "PAIRS", "Bug", "AuditReport", "Forward", "diagnose", "planted", "probe_inputs"]
 
 Forward = Callable[[Tensor, Tensor | None], Tensor]
 """A learner's layer as ``forward(x, mask) -> out``: ``x: (B, n, d_model)``, ``mask``: bool
@@ -186,6 +186,10 @@ def _compatible(a: Bug, b: Bug) -> bool:
 _PAIRS: tuple[tuple[Bug, Bug], ...] = tuple(
     (a, b) for a, b in itertools.combinations(_CATALOGUE, 2) if _compatible(a, b)
 )
+
+
+PAIRS: tuple[tuple[str, str], ...] = tuple((a.name, b.name) for a, b in _PAIRS)
+"""The pairs of bugs :func:`diagnose` tries: every two that change different steps."""
 
 
 # ---- the (possibly buggy) layer, built from attnlib's pieces ---------------------
@@ -495,6 +499,9 @@ def diagnose(
     Returns:
         an :class:`AuditReport`; ``str(report)`` says what to look for.
 
+    It runs on one thread (``torch.set_num_threads(1)``, restored on return): on tensors this
+    small, more threads only wait for each other.
+
     Raises:
         TypeError: ``forward`` not callable; ``reference`` not a MultiHeadAttention; ``forward``
             returning something other than one tensor; options of the wrong type.
@@ -514,6 +521,19 @@ def diagnose(
     if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not rtol > 0:
         raise ValueError(f"rtol must be a positive number, got {rtol!r}")
     rtol = float(rtol)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only add waiting (10x on a busy machine)
+    try:
+        return _search(forward, reference, seed, rtol, pairs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _search(
+    forward: Forward, reference: MultiHeadAttention, seed: int, rtol: float, pairs: bool
+) -> AuditReport:
+    """:func:`diagnose` after its argument checks."""
+    dtype, device = reference.w_q.dtype, reference.w_q.device
     d_model = reference.w_q.shape[0]
     probes = _probes(d_model, dtype, device, seed)
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import MultiHeadAttention, SeparateHeadsAttention
-from attnlib.audit import BUGS, AuditReport, diagnose, planted
+from attnlib.audit import BUGS, PAIRS, AuditReport, diagnose, planted
 from attnlib.interop import read_separate_linear, read_torch_mha, write_separate_linear
 
 SETTINGS = settings(max_examples=20, deadline=None)
@@ -228,7 +228,23 @@ def test_every_compatible_pair_is_diagnosed() -> None:
         assert not report.ok
         assert report.explanations == (expected,), (a, b, report.explanations)
         seen += 1
-    assert seen == 62
+    assert seen == len(PAIRS) == 62
+
+
+def test_diagnose_restores_the_number_of_threads() -> None:
+    ref = reference()
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def forward(x: Tensor, mask: Tensor | None) -> Tensor:
+        seen.append(torch.get_num_threads())
+        return planted(ref)(x, mask)
+
+    assert diagnose(forward, ref).ok
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    with pytest.raises(ValueError):
+        diagnose(lambda x, m: x[..., :1], ref)
+    assert torch.get_num_threads() == before
 
 
 def test_pairs_false_finds_no_pair() -> None:
@@ -349,6 +365,17 @@ def test_one_head_makes_some_bugs_undetectable() -> None:
     assert {"scale_by_d_model", "split_without_transpose", "merge_without_transpose"} <= set(report.undetectable)
     assert "cannot be seen" in str(report) and "scale_by_d_model" in str(report)
     assert diagnose(learner(reference(), "scale_by_d_model"), reference()).bugs == ("scale_by_d_model",)
+
+
+def test_indistinguishable_bugs_are_all_reported() -> None:
+    ref = reference()
+    with torch.no_grad():
+        ref.w_q.zero_()
+        ref.b_q.zero_()  # every score 0: an ignored mask == blocked scores set to 0
+    report = diagnose(learner(ref, "mask_ignored"), ref)
+    assert report.explanations == (("mask_ignored",), ("mask_fill_zero",))
+    assert report.bugs == ("mask_ignored",) and "cannot tell" in str(report)
+    assert set(report.undetectable) == {"missing_scale", "scale_by_d_model"}
 
 
 def test_float64_reference_and_rtol() -> None:
