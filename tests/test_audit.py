@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import MultiHeadAttention, SeparateHeadsAttention
-from attnlib.audit import BUGS, PAIRS, AuditReport, diagnose, planted
+from attnlib.audit import BUGS, PAIRS, AuditReport, diagnose, planted, probe_inputs
 from attnlib.interop import read_separate_linear, read_torch_mha, write_separate_linear
 
 SETTINGS = settings(max_examples=20, deadline=None)
@@ -397,6 +397,17 @@ def test_probe_masks_have_an_allowed_and_a_blocked_key_in_every_row_and_column()
             assert m.any(dim=-1).all() and (~m).any(dim=-1).all(), (kind, m)
         if kind == "causal":
             assert not torch.triu(mask, diagonal=1).any()
+
+
+def test_probe_inputs_are_the_probes_diagnose_uses() -> None:
+    probes = probe_inputs(6, seed=3, dtype=torch.float64)
+    assert [kind for kind, _, _ in probes] == ["random mask", "causal", "no mask", "random mask", "no mask"]
+    for _, x, mask in probes:
+        assert x.dtype == torch.float64 and x.shape[-1] == 6
+        assert mask is None or mask.shape == (x.shape[1], x.shape[1])
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="d_model must be a positive int"):
+            probe_inputs(bad)  # type: ignore[arg-type]
 
 
 # ---- bad arguments ------------------------------------------------------------------------------
