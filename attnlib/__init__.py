@@ -44,3 +44,9 @@ __all__ += ["head_explorer", "sharpness_explorer"]
 from attnlib.recall import PhoneBookTask, RecallBatch, RecallHead, block_fractions, train_recall  # noqa: E402
 
 __all__ += ["PhoneBookTask", "RecallBatch", "RecallHead", "train_recall", "block_fractions"]
+
+# chapter 9: is my attention right?
+from attnlib import audit  # noqa: E402
+from attnlib.audit import AuditReport, diagnose  # noqa: E402
+
+__all__ += ["audit", "AuditReport", "diagnose"]
