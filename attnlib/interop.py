@@ -486,8 +486,9 @@ def from_torch_mha_masks(
 
 def fully_masked_rows(mask: Tensor) -> Tensor:
     """``(..., n_q)``: ``True`` for the queries that may attend to no key at all. Their
-    output differs by library: attnlib and ``F.scaled_dot_product_attention`` give 0,
-    ``nn.MultiheadAttention`` on its explicit-softmax paths gives NaN, and an additive
+    output differs by library: attnlib and ``F.scaled_dot_product_attention`` give 0;
+    ``nn.MultiheadAttention`` gives NaN on its explicit-softmax paths and its inference
+    fast path, 0 on its SDPA path (training with ``need_weights=False``); an additive
     ``finfo.min`` mask (Hugging Face) gives the plain average of all values."""
     return ~_require_bool(mask, "mask").any(dim=-1)
 

@@ -26,7 +26,7 @@ from attnlib.interop import (
 
 DTYPE = torch.float64
 TOL = {"atol": 1e-10, "rtol": 1e-8}
-FAST = settings(max_examples=25, deadline=None)
+FAST = settings(max_examples=20, deadline=None)
 
 
 def _mask(g: torch.Generator, *shape: int, p: float = 0.6) -> torch.Tensor:
@@ -145,7 +145,7 @@ def _bert_self_attention(d_model: int, h: int):  # type: ignore[no-untyped-def]
 
 
 @given(b=st.integers(1, 3), n=st.integers(1, 5), seed=st.integers(0, 2**16))
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 def test_hf_extended_mask_matches_real_bert(b: int, n: int, seed: int) -> None:
     torch.manual_seed(seed)
     layer = _bert_self_attention(8, 2)
