@@ -250,16 +250,10 @@ def torch_attn_mask(mask: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------
 
 
-def _dims(t: Tensor | tuple[int, ...]) -> str:
-    dims = tuple(t.shape) if isinstance(t, Tensor) else tuple(t)
-    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
-
-
 def _require_bool(mask: object, name: str) -> Tensor:
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
+    mask = check_tensor(name, mask)
     if mask.dtype != torch.bool:
-        raise ValueError(f"{name} must have dtype torch.bool, got {name} of shape {_dims(mask)} and dtype {mask.dtype}")
+        raise ValueError(f"{name} must have dtype torch.bool, got {name} of shape {format_shape(mask)} and dtype {mask.dtype}")
     return mask
 
 
@@ -290,7 +284,7 @@ def mask_from_additive(additive: Tensor) -> Tensor:
     blocked = additive <= torch.finfo(additive.dtype).min  # -inf or finfo.min
     if not ((additive == 0) | blocked).all():
         raise ValueError(
-            f"additive of shape {_dims(additive)} holds values other than 0 and -inf/finfo.min: "
+            f"additive of shape {format_shape(additive)} holds values other than 0 and -inf/finfo.min: "
             "it is a bias, not a mask"
         )
     return ~blocked
@@ -304,7 +298,7 @@ def mask_from_padding(attention_mask: Tensor, padding_is_true: bool = False) -> 
     any integer or bool dtype). ``padding_is_true=True``: ``nn.MultiheadAttention``'s boolean
     ``key_padding_mask`` (``True`` = padding, may not be attended)."""
     if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2:
-        got = _dims(attention_mask) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        got = format_shape(attention_mask) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
         raise ValueError(f"attention_mask must be a 2-D tensor (B, n_k), got {got}")
     if padding_is_true:
         real = ~_require_bool(attention_mask, "key_padding_mask")
@@ -336,12 +330,12 @@ def to_torch_mha_masks(mask: Tensor, batch_size: int, num_heads: int) -> Tensor:
     if mask.dim() <= 2:
         return ~mask
     if mask.dim() > 4:
-        raise ValueError(f"mask must have at most 4 dimensions (B, h, n_q, n_k), got {_dims(mask)}")
+        raise ValueError(f"mask must have at most 4 dimensions (B, h, n_q, n_k), got {format_shape(mask)}")
     m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B or 1, h or 1, n_q, n_k)
     b, h = m4.shape[0], m4.shape[1]
     if b not in (1, batch_size) or h not in (1, num_heads):
         raise ValueError(
-            f"mask of shape {_dims(mask)} does not broadcast to (B, h, n_q, n_k) with "
+            f"mask of shape {format_shape(mask)} does not broadcast to (B, h, n_q, n_k) with "
             f"B = {batch_size}, h = {num_heads}"
         )
     full = m4.expand(batch_size, num_heads, *m4.shape[2:])  # (B, h, n_q, n_k)
@@ -365,14 +359,14 @@ def from_torch_mha_masks(
             if allowed.shape[0] != batch_size * num_heads:
                 raise ValueError(
                     f"a 3-D attn_mask must have shape (B * h, n_q, n_k) with B * h = "
-                    f"{batch_size * num_heads}, got {_dims(attn_mask)}"
+                    f"{batch_size * num_heads}, got {format_shape(attn_mask)}"
                 )
             allowed = allowed.view(batch_size, num_heads, *allowed.shape[1:])  # (B, h, n_q, n_k)
         elif allowed.dim() != 2:
-            raise ValueError(f"attn_mask must be (n_q, n_k) or (B * h, n_q, n_k), got {_dims(attn_mask)}")
+            raise ValueError(f"attn_mask must be (n_q, n_k) or (B * h, n_q, n_k), got {format_shape(attn_mask)}")
     if key_padding_mask is not None:
         if key_padding_mask.dim() != 2 or key_padding_mask.shape[0] != batch_size:
-            raise ValueError(f"key_padding_mask must have shape (B, n_k) with B = {batch_size}, got {_dims(key_padding_mask)}")
+            raise ValueError(f"key_padding_mask must have shape (B, n_k) with B = {batch_size}, got {format_shape(key_padding_mask)}")
         keys = mask_from_padding(key_padding_mask, padding_is_true=True)  # (B, 1, 1, n_k)
         allowed = keys if allowed is None else allowed & keys
     assert allowed is not None
