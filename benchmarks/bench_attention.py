@@ -58,9 +58,9 @@ The committed results in ``benchmarks/results/`` come from the book's build mach
 2 shared CPU cores, PyTorch 2.13 CPU build, float32:
 
 - ``cpu_sweep.csv`` / ``.png``: ``--threads 1 --clock cpu --rounds 7 --heads 1 4 16``
-  (other jobs shared the cores, so one thread and CPU time; 8 minutes, load average 0.4 to 16);
+  (other jobs shared the cores, so one thread and CPU time; 9.5 minutes, load average 4 to 7);
 - ``cpu_target.csv``: ``--target --threads 1 --clock cpu --rounds 60``;
-- ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock,
+- ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock, attnlib's previous forward,
   measured while the machine was otherwise idle).
 """
 
