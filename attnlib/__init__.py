@@ -34,3 +34,8 @@ __all__ = [
     "mean_pool",
 ]
 __version__ = "0.1.0"
+
+# chapter 8: decoding (RoPE, the KV cache, multi-head latent attention)
+from attnlib.decoding import KVCache, LatentAttention, LatentCache  # noqa: E402
+
+__all__ += ["KVCache", "LatentCache", "LatentAttention"]
