@@ -14,7 +14,7 @@ Masks: boolean, ``True`` = may attend.
 """
 
 from attnlib.attention import attention, masked_softmax
-from attnlib.interop import AttentionWeights
+from attnlib._core import AttentionWeights
 from attnlib.lowrank import FactoredMatrix, FlopCount, ov_circuit, qk_circuit
 from attnlib.pretrained import mean_pool, minilm_attention
 from attnlib.multihead import HeadWeights, MultiHeadAttention, SeparateHeadsAttention
@@ -33,7 +33,7 @@ __all__ = [
     "minilm_attention",
     "mean_pool",
 ]
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place; pyproject.toml reads it
 
 # chapter 8: decoding (RoPE, the KV cache, multi-head latent attention)
 from attnlib.decoding import KVCache, LatentAttention, LatentCache  # noqa: E402

@@ -7,9 +7,11 @@ Masks are boolean and ``True`` means *may attend*, the convention of
 :func:`torch.nn.functional.scaled_dot_product_attention`.
 
 A query whose keys are **all** masked out has nothing to read. attnlib defines
-its weights to be all zero and its output to be the zero vector. A plain softmax
-over a row of ``-inf`` would give NaN; the ``scaled_dot_product_attention`` of
-the PyTorch version the book pins (2.13) also returns zeros there (the tests
+its weights to be all zero and its output to be the zero vector, with finite
+gradients; :func:`_masked_softmax` is the one place that rule is written. A plain
+softmax over a row of ``-inf`` would give NaN. PyTorch's
+``scaled_dot_product_attention`` returns zeros there too, with zero gradients, from
+release 2.5 on, the oldest that attnlib's ``pyproject.toml`` accepts (the tests
 check both).
 """
 
@@ -20,42 +22,9 @@ import math
 import torch
 from torch import Tensor
 
+from attnlib._core import check_mask, check_tensor, format_shape
+
 __all__ = ["masked_softmax", "attention"]
-
-
-def _shape(t: Tensor | torch.Size | tuple[int, ...]) -> str:
-    """Format a shape as ``(2, 3, 4)`` for error messages."""
-    dims = tuple(t.shape) if isinstance(t, Tensor) else tuple(t)
-    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
-
-
-def _check_mask(mask: Tensor, target: torch.Size, name: str = "mask") -> None:
-    """Raise unless ``mask`` is boolean and broadcasts to ``target``.
-
-    Broadcasting may add or stretch size-1 dimensions of ``mask`` but must not
-    change ``target``: a mask that would enlarge the score tensor is an error,
-    not a silent broadcast.
-    """
-    if not isinstance(mask, Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor of dtype torch.bool, "
-            f"got {type(mask).__name__}"
-        )
-    if mask.dtype != torch.bool:
-        raise ValueError(
-            f"{name} must have dtype torch.bool (True = may attend), got {name} "
-            f"of shape {_shape(mask)} and dtype {mask.dtype}; convert an additive "
-            f"float mask with `{name} == 0` or a 0/1 mask with `{name}.bool()`"
-        )
-    try:
-        broadcast = torch.broadcast_shapes(mask.shape, target)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != target:
-        raise ValueError(
-            f"{name} of shape {_shape(mask)} does not broadcast to the scores' "
-            f"shape {_shape(target)}"
-        )
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
@@ -79,16 +48,20 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None, dim: int = -1) ->
         weights of the same shape as ``scores``; each row sums to 1, or to 0 when
         its mask is all False.
     """
+    scores = check_tensor("scores", scores)
     if not scores.is_floating_point():
         raise ValueError(f"scores must be a floating-point tensor, got {scores.dtype}")
     if mask is None:
         return torch.softmax(scores, dim=dim)
-    _check_mask(mask, scores.shape)
-    return _masked_softmax(scores, mask, dim)
+    return _masked_softmax(scores, check_mask(mask, scores.shape), dim)
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
-    """:func:`masked_softmax` without the checks (the caller has made them)."""
+    """:func:`masked_softmax` without the checks (the caller has made them).
+
+    attnlib's one definition of a query with no allowed key: its weights are all
+    0 and its gradients 0, never NaN.
+    """
     neg_inf = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
     masked = torch.where(mask, scores, neg_inf)  # (..., n), -inf where not allowed
     row_max = masked.amax(dim=dim, keepdim=True)  # (..., 1)
@@ -105,40 +78,38 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> torch.Size:
     ``v``: ``(..., n_k, d_v)``; one floating dtype; ``n_k >= 1``, ``d_k >= 1``.
     """
     for name, t, min_dim in (("q", q, 1), ("k", k, 2), ("v", v, 2)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < min_dim:
+        if check_tensor(name, t).dim() < min_dim:
             expected = f"(..., n_k, d_{name})"
             if name == "q":
                 expected = "(d_k,) or (..., n_q, d_k)"
-            raise ValueError(f"{name} must have shape {expected}, got {_shape(t)}")
+            raise ValueError(f"{name} must have shape {expected}, got {format_shape(t)}")
     if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):
         raise ValueError(
             f"q, k and v must share one floating-point dtype: "
-            f"q has shape {_shape(q)} and dtype {q.dtype}, "
-            f"k has shape {_shape(k)} and dtype {k.dtype}, "
-            f"v has shape {_shape(v)} and dtype {v.dtype}"
+            f"q has shape {format_shape(q)} and dtype {q.dtype}, "
+            f"k has shape {format_shape(k)} and dtype {k.dtype}, "
+            f"v has shape {format_shape(v)} and dtype {v.dtype}"
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            f"q and k must have the same width d_k: q has shape {_shape(q)} "
-            f"(d_k = {q.shape[-1]}), k has shape {_shape(k)} (d_k = {k.shape[-1]})"
+            f"q and k must have the same width d_k: q has shape {format_shape(q)} "
+            f"(d_k = {q.shape[-1]}), k has shape {format_shape(k)} (d_k = {k.shape[-1]})"
         )
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"k and v must have the same number of rows n_k (one value per key): "
-            f"k has shape {_shape(k)}, v has shape {_shape(v)}"
+            f"k has shape {format_shape(k)}, v has shape {format_shape(v)}"
         )
     if k.shape[-2] == 0:
-        raise ValueError(f"attention needs at least one key: k has shape {_shape(k)}")
+        raise ValueError(f"attention needs at least one key: k has shape {format_shape(k)}")
     if k.shape[-1] == 0:
-        raise ValueError(f"q and k must have width d_k >= 1: k has shape {_shape(k)}")
+        raise ValueError(f"q and k must have width d_k >= 1: k has shape {format_shape(k)}")
     try:
         return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"batch dimensions do not broadcast: "
-            f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+            f"q {format_shape(q)}, k {format_shape(k)}, v {format_shape(v)}"
         ) from None
 
 
@@ -186,7 +157,7 @@ def attention(
     single = q.dim() == 1
     if single:
         if isinstance(mask, Tensor) and mask.dim() >= 1:
-            _check_mask(mask, batch + (n_k,))  # against the scores (..., n_k)
+            check_mask(mask, batch + (n_k,))  # against the scores (..., n_k)
             mask = mask.unsqueeze(-2)  # (..., 1, n_k)
         q = q.unsqueeze(0)  # (1, d_k)
     if scale is None:
@@ -195,9 +166,10 @@ def attention(
     if mask is None:
         weights = torch.softmax(scores, dim=-1)  # (..., n_q, n_k)
     else:
-        _check_mask(mask, batch + scores.shape[-2:])
+        check_mask(mask, batch + scores.shape[-2:])
         weights = _masked_softmax(scores, mask)  # (..., n_q, n_k)
-    weights = weights.expand(batch + scores.shape[-2:])  # batch dims that only v had
+    # batch dims that only v had: each batch entry gets its own copy, not an alias
+    weights = weights.expand(batch + scores.shape[-2:]).contiguous()  # (..., n_q, n_k)
     output = weights @ v  # (..., n_q, d_v)
     if single:
         return output.squeeze(-2), weights.squeeze(-2)  # (..., d_v), (..., n_k)

@@ -27,12 +27,18 @@ Masks: attnlib uses ``True`` = may attend; ``nn.MultiheadAttention``'s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 import torch
 from torch import Tensor, nn
 
-from attnlib.attention import _shape
+from attnlib._core import (
+    AttentionWeights,
+    check_tensor,
+    format_shape,
+    pack_qkv,
+    read_torch_mha,
+    split_qkv,
+    write_torch_mha,
+)
 
 __all__ = [
     "AttentionWeights",
@@ -50,132 +56,49 @@ __all__ = [
 WeightAndBias = tuple[Tensor, Tensor | None]
 """A ``(weight, bias)`` pair as one layer stores it; ``bias`` may be ``None``."""
 
-
-@dataclass(frozen=True)
-class AttentionWeights:
-    """The four projections of one multi-head attention layer, paper orientation.
-
-    ``w_q, w_k, w_v``: ``(d_model, d_model)``, ``w_o``: ``(d_model, d_model)``, each
-    used as ``x @ w``; biases ``(d_model,)`` or all ``None``. Head ``i`` owns columns
-    ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and rows ``i*d_v:(i+1)*d_v`` of ``w_o``.
-    """
-
-    w_q: Tensor
-    w_k: Tensor
-    w_v: Tensor
-    w_o: Tensor
-    b_q: Tensor | None = None
-    b_k: Tensor | None = None
-    b_v: Tensor | None = None
-    b_o: Tensor | None = None
-
-    def __post_init__(self) -> None:
-        d_model = self.w_q.shape[0] if self.w_q.dim() == 2 else -1
-        for f in fields(self):
-            t = getattr(self, f.name)
-            if f.name.startswith("w_"):
-                if t.shape != (d_model, d_model):
-                    raise ValueError(
-                        f"{f.name} must have shape (d_model, d_model) = ({d_model}, {d_model}), "
-                        f"got {tuple(t.shape)}"
-                    )
-            elif t is not None and t.shape != (d_model,):
-                raise ValueError(f"{f.name} must have shape (d_model,) = ({d_model},), got {tuple(t.shape)}")
-        has_bias = [getattr(self, n) is not None for n in ("b_q", "b_k", "b_v", "b_o")]
-        if any(has_bias) and not all(has_bias):
-            raise ValueError("biases must be given for all four projections or for none")
-
-    @property
-    def d_model(self) -> int:
-        return int(self.w_q.shape[0])
-
-    @property
-    def bias(self) -> bool:
-        return self.b_q is not None
+# AttentionWeights, read_torch_mha and write_torch_mha live in attnlib._core (the
+# fused module converts to and from torch's layout too); they are part of this
+# module's interface all the same.
 
 
-def read_torch_mha(m: nn.MultiheadAttention) -> AttentionWeights:
-    """Read a ``torch.nn.MultiheadAttention`` into paper orientation (copies).
-
-    ``in_proj_weight`` is ``(3E, E)`` in ``nn.Linear`` orientation ``(out, in)``:
-    rows ``0:E`` are ``(W^Q)ᵀ``, ``E:2E`` are ``(W^K)ᵀ``, ``2E:3E`` are ``(W^V)ᵀ``.
-
-    Raises:
-        ValueError: for features attnlib does not have (``kdim``/``vdim`` other than
-            ``embed_dim``, ``add_bias_kv``, ``add_zero_attn``), naming the feature.
-    """
-    if not isinstance(m, nn.MultiheadAttention):
-        raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(m).__name__}")
-    if not m._qkv_same_embed_dim:
-        raise ValueError(
-            f"kdim={m.kdim} and vdim={m.vdim} must equal embed_dim={m.embed_dim}: "
-            "attnlib.MultiHeadAttention takes keys and values of width d_model"
-        )
-    if m.bias_k is not None:
-        raise ValueError("add_bias_kv=True is not supported by attnlib.MultiHeadAttention")
-    if m.add_zero_attn:
-        raise ValueError("add_zero_attn=True is not supported by attnlib.MultiHeadAttention")
-    e = m.embed_dim
-    w = m.in_proj_weight.detach()  # (3E, E), (out, in)
-    b = m.in_proj_bias.detach() if m.in_proj_bias is not None else None  # (3E,)
-    b_o = m.out_proj.bias.detach() if m.out_proj.bias is not None else None
-    if (b is None) != (b_o is None):
-        raise ValueError("in_proj_bias and out_proj.bias must both exist or both be absent")
-    return AttentionWeights(
-        w_q=w[:e].T.clone(),
-        w_k=w[e : 2 * e].T.clone(),
-        w_v=w[2 * e :].T.clone(),
-        w_o=m.out_proj.weight.detach().T.clone(),
-        b_q=None if b is None else b[:e].clone(),
-        b_k=None if b is None else b[e : 2 * e].clone(),
-        b_v=None if b is None else b[2 * e :].clone(),
-        b_o=None if b_o is None else b_o.clone(),
-    )
+def _check_pair(name: str, pair: object) -> WeightAndBias:
+    """``pair`` if it is a ``(weight, bias)`` pair of tensors (``bias`` may be ``None``)."""
+    if not (
+        isinstance(pair, tuple)
+        and len(pair) == 2
+        and isinstance(pair[0], Tensor)
+        and (pair[1] is None or isinstance(pair[1], Tensor))
+    ):
+        raise TypeError(f"{name} must be a (weight, bias) pair of tensors (bias may be None), got {pair!r:.60}")
+    return pair[0].detach(), None if pair[1] is None else pair[1].detach()
 
 
-def write_torch_mha(weights: AttentionWeights, num_heads: int, batch_first: bool = True) -> nn.MultiheadAttention:
-    """Build a ``torch.nn.MultiheadAttention`` holding ``weights`` (the inverse of
-    :func:`read_torch_mha`): ``in_proj_weight = [W^Q | W^K | W^V]ᵀ``, ``(3E, E)``."""
-    e = weights.d_model
-    w_q = weights.w_q
-    m = nn.MultiheadAttention(
-        e, num_heads, bias=weights.bias, batch_first=batch_first, device=w_q.device, dtype=w_q.dtype
-    )
-    with torch.no_grad():
-        m.in_proj_weight.copy_(torch.cat([weights.w_q, weights.w_k, weights.w_v], dim=1).T)
-        m.out_proj.weight.copy_(weights.w_o.T)
-        if weights.bias:
-            assert m.in_proj_bias is not None and weights.b_q is not None
-            m.in_proj_bias.copy_(torch.cat([weights.b_q, weights.b_k, weights.b_v]))  # type: ignore[list-item]
-            m.out_proj.bias.copy_(weights.b_o)  # type: ignore[arg-type]
-    return m
-
-
-def read_separate_linear(
-    q: tuple[Tensor, Tensor | None],
-    k: tuple[Tensor, Tensor | None],
-    v: tuple[Tensor, Tensor | None],
-    o: tuple[Tensor, Tensor | None],
-) -> AttentionWeights:
+def read_separate_linear(q: WeightAndBias, k: WeightAndBias, v: WeightAndBias, o: WeightAndBias) -> AttentionWeights:
     """Read four ``nn.Linear``-layout ``(weight, bias)`` pairs, as BERT stores its
     ``query``, ``key``, ``value`` and ``output.dense`` layers.
 
     Each ``weight`` is ``(d_out, d_in)`` (``y = x @ weight.T + bias``), so the paper's
     ``W`` is ``weight.T``. Returns copies in paper orientation.
+
+    Raises:
+        TypeError: an argument that is not a ``(weight, bias)`` pair of tensors.
+        ValueError: a weight that is not square, a bias of the wrong shape, or
+            biases on some layers only.
     """
-    pairs = {"q": q, "k": k, "v": v, "o": o}
-    for name, (w, b) in pairs.items():
+    pairs = {name: _check_pair(name, pair) for name, pair in (("q", q), ("k", k), ("v", v), ("o", o))}
+    for name, (w, _) in pairs.items():
         if w.dim() != 2 or w.shape[0] != w.shape[1]:
-            raise ValueError(f"{name} weight must be square (d_model, d_model), got {tuple(w.shape)}")
+            raise ValueError(f"{name} weight must be square (d_model, d_model), got {format_shape(w)}")
+    (w_q, b_q), (w_k, b_k), (w_v, b_v), (w_o, b_o) = pairs.values()
     return AttentionWeights(
-        w_q=q[0].detach().T.clone(),
-        w_k=k[0].detach().T.clone(),
-        w_v=v[0].detach().T.clone(),
-        w_o=o[0].detach().T.clone(),
-        b_q=None if q[1] is None else q[1].detach().clone(),
-        b_k=None if k[1] is None else k[1].detach().clone(),
-        b_v=None if v[1] is None else v[1].detach().clone(),
-        b_o=None if o[1] is None else o[1].detach().clone(),
+        w_q=w_q.T.clone(),
+        w_k=w_k.T.clone(),
+        w_v=w_v.T.clone(),
+        w_o=w_o.T.clone(),
+        b_q=None if b_q is None else b_q.clone(),
+        b_k=None if b_k is None else b_k.clone(),
+        b_v=None if b_v is None else b_v.clone(),
+        b_o=None if b_o is None else b_o.clone(),
     )
 
 
@@ -183,76 +106,47 @@ def write_separate_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
     """Four ``nn.Linear`` layers ``{"q", "k", "v", "o"}`` computing ``x @ W + b``
     (the inverse of :func:`read_separate_linear`)."""
     e = weights.d_model
+    biases = weights.biases
     layers: dict[str, nn.Linear] = {}
-    for name in ("q", "k", "v", "o"):
-        w, b = getattr(weights, f"w_{name}"), getattr(weights, f"b_{name}")
-        lin = nn.Linear(e, e, bias=weights.bias, device=w.device, dtype=w.dtype)
+    for i, (name, w) in enumerate(zip("qkvo", (weights.w_q, weights.w_k, weights.w_v, weights.w_o))):
+        lin = nn.Linear(e, e, bias=biases is not None, device=w.device, dtype=w.dtype)
         with torch.no_grad():
             lin.weight.copy_(w.T)
-            if b is not None:
-                lin.bias.copy_(b)
+            if biases is not None:
+                lin.bias.copy_(biases[i])
         layers[name] = lin
     return layers
 
 
 def _packed_pairs(
     c_attn: WeightAndBias, c_proj: WeightAndBias, attn_out_first: bool
-) -> tuple[int, Tensor, Tensor | None, Tensor, Tensor | None]:
-    """Check a packed layer pair and return ``(d, w_attn, b_attn, w_proj, b_proj)``.
+) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+    """Check a packed layer pair and return ``(w_attn, b_attn, w_proj, b_proj)``, detached.
 
     ``attn_out_first``: ``c_attn.weight`` is ``(3d, d)`` (``nn.Linear``) when True,
     ``(d, 3d)`` (GPT-2 ``Conv1D``) when False.
     """
     layout = "(3*d_model, d_model), nn.Linear (out, in)" if attn_out_first else "(d_model, 3*d_model), Conv1D (in, out)"
-    for name, pair in (("c_attn", c_attn), ("c_proj", c_proj)):
-        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], Tensor)):
-            raise TypeError(f"{name} must be a (weight, bias) pair of tensors (bias may be None), got {pair!r:.60}")
-    w_attn, b_attn = c_attn
-    w_proj, b_proj = c_proj
+    w_attn, b_attn = _check_pair("c_attn", c_attn)
+    w_proj, b_proj = _check_pair("c_proj", c_proj)
     if w_attn.dim() != 2:
-        raise ValueError(f"c_attn weight must have shape {layout}, got {_shape(w_attn.shape)}")
+        raise ValueError(f"c_attn weight must have shape {layout}, got {format_shape(w_attn)}")
     d = int(w_attn.shape[1] if attn_out_first else w_attn.shape[0])
     expected = (3 * d, d) if attn_out_first else (d, 3 * d)
     if d == 0 or tuple(w_attn.shape) != expected:
-        raise ValueError(f"c_attn weight must have shape {layout}, got {_shape(w_attn.shape)}")
+        raise ValueError(f"c_attn weight must have shape {layout}, got {format_shape(w_attn)}")
     if tuple(w_proj.shape) != (d, d):
         raise ValueError(
             f"c_proj weight must have shape (d_model, d_model) = ({d}, {d}) to match c_attn, "
-            f"got {_shape(w_proj.shape)}"
+            f"got {format_shape(w_proj)}"
         )
     if b_attn is not None and tuple(b_attn.shape) != (3 * d,):
-        raise ValueError(f"c_attn bias must have shape (3*d_model,) = ({3 * d},), got {_shape(b_attn.shape)}")
+        raise ValueError(f"c_attn bias must have shape (3*d_model,) = ({3 * d},), got {format_shape(b_attn)}")
     if b_proj is not None and tuple(b_proj.shape) != (d,):
-        raise ValueError(f"c_proj bias must have shape (d_model,) = ({d},), got {_shape(b_proj.shape)}")
+        raise ValueError(f"c_proj bias must have shape (d_model,) = ({d},), got {format_shape(b_proj)}")
     if (b_attn is None) != (b_proj is None):
         raise ValueError("c_attn and c_proj must both have a bias or both have none")
-    b_attn = None if b_attn is None else b_attn.detach()
-    b_proj = None if b_proj is None else b_proj.detach()
-    return d, w_attn.detach(), b_attn, w_proj.detach(), b_proj
-
-
-def _split_packed(
-    d: int, w_qkv: Tensor, b_qkv: Tensor | None, w_o: Tensor, b_o: Tensor | None
-) -> AttentionWeights:
-    """``w_qkv``: ``(d, 3d)`` = ``[W^Q | W^K | W^V]`` in paper orientation -> copies."""
-    return AttentionWeights(
-        w_q=w_qkv[:, :d].clone(),
-        w_k=w_qkv[:, d : 2 * d].clone(),
-        w_v=w_qkv[:, 2 * d :].clone(),
-        w_o=w_o.clone(),
-        b_q=None if b_qkv is None else b_qkv[:d].clone(),
-        b_k=None if b_qkv is None else b_qkv[d : 2 * d].clone(),
-        b_v=None if b_qkv is None else b_qkv[2 * d :].clone(),
-        b_o=None if b_o is None else b_o.clone(),
-    )
-
-
-def _packed(weights: AttentionWeights) -> tuple[Tensor, Tensor | None]:
-    """``[W^Q | W^K | W^V]``: ``(d, 3d)`` and ``[b^Q, b^K, b^V]``: ``(3d,)`` (or ``None``)."""
-    w_qkv = torch.cat([weights.w_q, weights.w_k, weights.w_v], dim=1)  # (d, 3d)
-    if not weights.bias:
-        return w_qkv, None
-    return w_qkv, torch.cat([weights.b_q, weights.b_k, weights.b_v])  # type: ignore[list-item]
+    return w_attn, b_attn, w_proj, b_proj
 
 
 def read_packed_linear(c_attn: WeightAndBias, c_proj: WeightAndBias) -> AttentionWeights:
@@ -279,23 +173,23 @@ def read_packed_linear(c_attn: WeightAndBias, c_proj: WeightAndBias) -> Attentio
         ValueError: a weight or bias of the wrong shape (the message names it, the
             expected and the received shape), or a bias on one layer only.
     """
-    d, w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=True)
-    return _split_packed(d, w_attn.T, b_attn, w_proj.T, b_proj)  # (3d, d) -> (d, 3d)
+    w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=True)
+    return split_qkv(w_attn.T, b_attn, w_proj.T, b_proj)  # (3d, d) -> (d, 3d)
 
 
 def write_packed_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
     """Two ``nn.Linear`` layers ``{"c_attn": Linear(d, 3d), "c_proj": Linear(d, d)}``
     holding ``weights`` (the inverse of :func:`read_packed_linear`)."""
     d = weights.d_model
-    w_qkv, b_qkv = _packed(weights)  # (d, 3d), (3d,)
-    kw = {"bias": weights.bias, "device": w_qkv.device, "dtype": w_qkv.dtype}
-    c_attn, c_proj = nn.Linear(d, 3 * d, **kw), nn.Linear(d, d, **kw)  # type: ignore[arg-type]
+    w_qkv, b_qkv = pack_qkv(weights)  # (d, 3d), (3d,) or None
+    c_attn = nn.Linear(d, 3 * d, bias=weights.bias, device=w_qkv.device, dtype=w_qkv.dtype)
+    c_proj = nn.Linear(d, d, bias=weights.bias, device=w_qkv.device, dtype=w_qkv.dtype)
     with torch.no_grad():
         c_attn.weight.copy_(w_qkv.T)  # (3d, d)
         c_proj.weight.copy_(weights.w_o.T)  # (d, d)
-        if b_qkv is not None:
-            c_attn.bias.copy_(b_qkv)
-            c_proj.bias.copy_(weights.b_o)  # type: ignore[arg-type]
+        if b_qkv is not None and weights.b_o is not None:
+            c_attn.bias.copy_(b_qkv)  # (3d,)
+            c_proj.bias.copy_(weights.b_o)  # (d,)
     return {"c_attn": c_attn, "c_proj": c_proj}
 
 
@@ -322,8 +216,8 @@ def read_conv1d(c_attn: WeightAndBias, c_proj: WeightAndBias) -> AttentionWeight
         ValueError: a weight or bias of the wrong shape (the message names it, the
             expected and the received shape), or a bias on one layer only.
     """
-    d, w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=False)
-    return _split_packed(d, w_attn, b_attn, w_proj, b_proj)
+    w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=False)
+    return split_qkv(w_attn, b_attn, w_proj, b_proj)
 
 
 def write_conv1d(weights: AttentionWeights) -> dict[str, WeightAndBias]:
@@ -331,14 +225,16 @@ def write_conv1d(weights: AttentionWeights) -> dict[str, WeightAndBias]:
     (weight (d, d), bias (d,))}`` (biases ``None`` without bias); the inverse of
     :func:`read_conv1d`, so ``read_conv1d(**write_conv1d(w))`` gives ``w`` back.
     Load into a ``transformers`` ``Conv1D`` with ``conv.weight.copy_(weight)``."""
-    w_qkv, b_qkv = _packed(weights)  # (d, 3d), (3d,)
+    w_qkv, b_qkv = pack_qkv(weights)  # (d, 3d), (3d,) or None: new tensors
     b_o = None if weights.b_o is None else weights.b_o.detach().clone()
-    return {"c_attn": (w_qkv.detach().clone(), b_qkv), "c_proj": (weights.w_o.detach().clone(), b_o)}
+    b_qkv = None if b_qkv is None else b_qkv.detach()
+    return {"c_attn": (w_qkv.detach(), b_qkv), "c_proj": (weights.w_o.detach().clone(), b_o)}
 
 
 def torch_attn_mask(mask: Tensor) -> Tensor:
     """attnlib's mask (``True`` = may attend) as ``nn.MultiheadAttention``'s
     ``attn_mask`` (``True`` = may not attend): the logical negation."""
+    mask = check_tensor("mask", mask)
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must have dtype torch.bool, got {mask.dtype}")
     return ~mask

@@ -21,12 +21,14 @@ Orientation as everywhere in attnlib: row vectors, ``x @ M``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
 
-from attnlib.attention import _shape
+from attnlib._core import check_index, check_positive_int, check_tensor, format_shape
 from attnlib.multihead import MultiHeadAttention
 
 __all__ = ["FactoredMatrix", "FlopCount", "qk_circuit", "ov_circuit"]
@@ -40,21 +42,38 @@ class FlopCount(NamedTuple):
 
 
 def _check_factor(name: str, t: object, expected: str) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    t = check_tensor(name, t)
     if t.dim() < 2:
-        raise ValueError(f"{name} must have shape {expected}, got {_shape(t)}")
+        raise ValueError(f"{name} must have shape {expected}, got {format_shape(t)}")
     if not t.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
     if 0 in t.shape[-2:]:
-        raise ValueError(f"{name} must have non-empty matrix dimensions {expected}, got {_shape(t)}")
+        raise ValueError(f"{name} must have non-empty matrix dimensions {expected}, got {format_shape(t)}")
     return t
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+_T = TypeVar("_T")
+
+
+def _cached(method: Callable[["FactoredMatrix"], _T]) -> Callable[["FactoredMatrix"], _T]:
+    """Compute ``method`` once per instance and reuse it while ``left`` and ``right``
+    are the same tensors, unchanged in place (their version counters say so). Factors
+    that require grad are never cached: each call builds its own graph."""
+
+    @functools.wraps(method)
+    def wrapper(self: "FactoredMatrix") -> _T:
+        left, right = self.left, self.right
+        if left.requires_grad or right.requires_grad:
+            return method(self)
+        key = (left, right, left._version, right._version)
+        hit = self._cache.get(method.__name__)
+        if hit is not None and hit[0][:2] == (left, right) and hit[0][2:] == key[2:]:
+            return hit[1]
+        value = method(self)
+        self._cache[method.__name__] = (key, value)
+        return value
+
+    return wrapper
 
 
 class FactoredMatrix:
@@ -86,8 +105,8 @@ class FactoredMatrix:
         if left.shape[-1] != right.shape[-2]:
             raise ValueError(
                 f"left (..., m, r) and right (..., r, n) must share the inner dimension r: "
-                f"left has shape {_shape(left)} (r = {left.shape[-1]}), "
-                f"right has shape {_shape(right)} (r = {right.shape[-2]})"
+                f"left has shape {format_shape(left)} (r = {left.shape[-1]}), "
+                f"right has shape {format_shape(right)} (r = {right.shape[-2]})"
             )
         if left.dtype != right.dtype or left.device != right.device:
             raise ValueError(
@@ -98,11 +117,12 @@ class FactoredMatrix:
             batch = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2])
         except RuntimeError:
             raise ValueError(
-                f"the batch dimensions of left {_shape(left)} and right "
-                f"{_shape(right)} do not broadcast"
+                f"the batch dimensions of left {format_shape(left)} and right "
+                f"{format_shape(right)} do not broadcast"
             ) from None
         self.left = left.expand(*batch, *left.shape[-2:])  # (..., m, r)
         self.right = right.expand(*batch, *right.shape[-2:])  # (..., r, n)
+        self._cache: dict[str, tuple[tuple[object, ...], Any]] = {}  # see _cached
 
     # ---- sizes ----------------------------------------------------------------
     @property
@@ -143,7 +163,7 @@ class FactoredMatrix:
     def __getitem__(self, index: int | slice) -> "FactoredMatrix":
         """Index the batch dimensions: ``fm[i]`` is head ``i``'s matrix."""
         if not self.batch_shape:
-            raise IndexError(f"a single matrix {_shape(self.shape)} has no batch dimension to index")
+            raise IndexError(f"a single matrix {format_shape(self.shape)} has no batch dimension to index")
         return FactoredMatrix(self.left[index], self.right[index])
 
     @property
@@ -156,11 +176,32 @@ class FactoredMatrix:
         """``M = left @ right``: ``(..., m, n)``, formed explicitly."""
         return self.left @ self.right  # (..., m, n)
 
-    def __rmatmul__(self, x: Tensor) -> Tensor:
-        """``x @ fm`` = ``(x @ left) @ right``: ``x`` ``(..., k, m)`` -> ``(..., k, n)``."""
-        if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != self.m:
-            got = _shape(x) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x @ M needs x of shape (..., k, m={self.m}), got {got}")
+    def __matmul__(self, x: object) -> "Tensor | FactoredMatrix":
+        """``fm @ x`` = ``left @ (right @ x)``: ``x`` ``(..., n, k)`` -> ``(..., m, k)``.
+
+        With ``x`` a :class:`FactoredMatrix` ``(..., n, p)`` the product stays factored:
+        ``left @ (right @ x.left @ x.right)``, inner dimension ``r``.
+        Any other type: ``NotImplemented`` (Python then raises ``TypeError``).
+        """
+        if isinstance(x, FactoredMatrix):
+            if x.m != self.n:
+                raise ValueError(f"M @ X needs X of shape (..., n={self.n}, p), got {format_shape(x.shape)}")
+            return FactoredMatrix(self.left, (self.right @ x.left) @ x.right)  # (..., m, r), (..., r, p)
+        if not isinstance(x, Tensor):
+            return NotImplemented
+        if x.dim() < 2 or x.shape[-2] != self.n:
+            raise ValueError(f"M @ x needs x of shape (..., n={self.n}, k), got {format_shape(x)}")
+        return self.left @ (self.right @ x)  # (..., r, k) -> (..., m, k)
+
+    def __rmatmul__(self, x: object) -> Tensor:
+        """``x @ fm`` = ``(x @ left) @ right``: ``x`` ``(..., k, m)`` -> ``(..., k, n)``.
+
+        Any type other than a tensor: ``NotImplemented`` (Python then raises ``TypeError``).
+        """
+        if not isinstance(x, Tensor):
+            return NotImplemented
+        if x.dim() < 1 or x.shape[-1] != self.m:
+            raise ValueError(f"x @ M needs x of shape (..., k, m={self.m}), got {format_shape(x)}")
         return (x @ self.left) @ self.right  # (..., k, r) -> (..., k, n)
 
     def bilinear(self, x: Tensor, y: Tensor) -> Tensor:
@@ -172,10 +213,9 @@ class FactoredMatrix:
         Shapes: ``x``: ``(..., n_x, m)``, ``y``: ``(..., n_y, n)`` -> ``(..., n_x, n_y)``.
         """
         for name, t, d in (("x", x, self.m), ("y", y, self.n)):
-            if not isinstance(t, Tensor) or t.dim() < 2 or t.shape[-1] != d:
-                got = _shape(t) if isinstance(t, Tensor) else type(t).__name__
+            if check_tensor(name, t).dim() < 2 or t.shape[-1] != d:
                 dim = "m" if name == "x" else "n"
-                raise ValueError(f"{name} must have shape (..., n_{name}, {dim}={d}), got {got}")
+                raise ValueError(f"{name} must have shape (..., n_{name}, {dim}={d}), got {format_shape(t)}")
         xl = x @ self.left  # (..., n_x, r): the queries
         yr = y @ self.right.mT  # (..., n_y, r): the keys
         return xl @ yr.mT  # (..., n_x, n_y)
@@ -188,6 +228,7 @@ class FactoredMatrix:
         core = r_l @ r_r.mT  # (..., k_l, k_r), at most r x r
         return q_l, core, q_r
 
+    @_cached
     def svd(self) -> tuple[Tensor, Tensor, Tensor]:
         r"""The thin SVD ``M = U diag(S) Vh``, from an ``r x r`` problem.
 
@@ -203,7 +244,8 @@ class FactoredMatrix:
         ``M``: cost :math:`O((m + n) r^2)` instead of :math:`O(m n \min(m, n))`.
 
         Returns ``U``: ``(..., m, k)``, ``S``: ``(..., k)`` (decreasing),
-        ``Vh``: ``(..., k, n)``, with ``k = min(m, n, r)``.
+        ``Vh``: ``(..., k, n)``, with ``k = min(m, n, r)``. Computed once per
+        instance while the factors stay unchanged (``@_cached``).
         """
         q_l, core, q_r = self._core()  # (.., m, k_l), (.., k_l, k_r), (.., n, k_r)
         u_c, s, vh_c = torch.linalg.svd(core, full_matrices=False)
@@ -214,9 +256,9 @@ class FactoredMatrix:
 
     @property
     def singular_values(self) -> Tensor:
-        """``(..., k)``, decreasing, ``k = min(m, n, r)``; the rest of ``M``'s are zero."""
-        _, core, _ = self._core()
-        return torch.linalg.svdvals(core)  # (..., k)
+        """``(..., k)``, decreasing, ``k = min(m, n, r)``; the rest of ``M``'s are zero.
+        From :meth:`svd`, computed once per instance."""
+        return self.svd()[1]  # (..., k)
 
     def rank(self, tol: float | None = None) -> Tensor:
         r"""Numerical rank: the number of singular values above ``tol * s_max``.
@@ -227,7 +269,9 @@ class FactoredMatrix:
         """
         if tol is None:
             tol = torch.finfo(self.dtype).eps * max(self.m, self.n)
-        elif isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+        elif isinstance(tol, bool) or not isinstance(tol, (int, float)):
+            raise TypeError(f"tol must be a number in [0, 1), got {type(tol).__name__} {tol!r}")
+        elif not 0 <= tol < 1:
             raise ValueError(
                 f"tol must be a number in [0, 1), relative to the largest "
                 f"singular value, got {tol!r}"
@@ -263,7 +307,7 @@ class FactoredMatrix:
         Factored, ``(x L) R``: :math:`2\,n_{rows}\, r\,(m + n)`; full, ``x M``:
         :math:`2\,n_{rows}\, m n` (not counting the one-off :math:`2 m r n` to form ``M``).
         """
-        k = _positive_int("n_rows", n_rows)
+        k = check_positive_int("n_rows", n_rows)
         m, r, n = self.m, self.r, self.n
         return FlopCount(factored=self._count * 2 * k * r * (m + n), full=self._count * 2 * k * m * n)
 
@@ -274,8 +318,8 @@ class FactoredMatrix:
         Full, the cheaper of :math:`(xM)y^\top` and :math:`x(My^\top)`:
         :math:`2 \min(n_x m n + n_x n n_y,\; m n n_y + n_x m n_y)`.
         """
-        a = _positive_int("n_x", n_x)
-        b = _positive_int("n_y", n_y)
+        a = check_positive_int("n_x", n_x)
+        b = check_positive_int("n_y", n_y)
         m, r, n = self.m, self.r, self.n
         factored = 2 * r * (a * m + b * n + a * b)
         full = 2 * min(a * m * n + a * n * b, m * n * b + a * m * b)
@@ -303,7 +347,7 @@ class FactoredMatrix:
         r = self.r
         if a.dim() < 2 or a.shape[-2:] != (r, r):
             raise ValueError(
-                f"a must have shape (..., r, r) with r = {r}, got {_shape(a)}"
+                f"a must have shape (..., r, r) with r = {r}, got {format_shape(a)}"
             )
         if a.dtype != self.dtype or a.device != self.left.device:
             raise ValueError(
@@ -314,8 +358,8 @@ class FactoredMatrix:
             torch.broadcast_shapes(a.shape[:-2], self.batch_shape)
         except RuntimeError:
             raise ValueError(
-                f"a's batch dimensions {_shape(a)} do not broadcast with the "
-                f"factors' {_shape(self.batch_shape)}"
+                f"a's batch dimensions {format_shape(a)} do not broadcast with the "
+                f"factors' {format_shape(self.batch_shape)}"
             ) from None
         cond = torch.linalg.cond(a)  # (...,): s_max / s_min, inf when singular
         limit = 1.0 / torch.finfo(a.dtype).eps
@@ -356,11 +400,11 @@ class FactoredMatrix:
         (Eckart-Young).
         """
         matrix = _check_factor("matrix", matrix, "(..., m, n)")
-        k = _positive_int("rank", rank)
+        k = check_positive_int("rank", rank)
         if k > min(matrix.shape[-2:]):
             raise ValueError(
                 f"rank must be at most min(m, n) = {min(matrix.shape[-2:])} "
-                f"for matrix {_shape(matrix)}, got {k}"
+                f"for matrix {format_shape(matrix)}, got {k}"
             )
         u, s, vh = torch.linalg.svd(matrix, full_matrices=False)  # (.., m, p), (.., p), (.., p, n)
         root = s[..., :k].sqrt()  # (..., k)
@@ -368,17 +412,12 @@ class FactoredMatrix:
 
 
 # ---- the two circuits of a head -----------------------------------------------------
-def _heads(mha: object, head: int | None) -> int | None:
+def _heads(mha: object, head: object) -> int | None:
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
     if head is None:
         return None
-    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < mha.num_heads:
-        raise IndexError(
-            f"head must be an int in [0, {mha.num_heads}) for "
-            f"num_heads={mha.num_heads}, got {head!r}"
-        )
-    return head
+    return check_index("head", head, mha.num_heads, f"num_heads={mha.num_heads}")
 
 
 def qk_circuit(

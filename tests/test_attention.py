@@ -226,13 +226,51 @@ def test_all_masked_query_reads_nothing():
         out_i, w_i = attention(q[i], k, v, mask=mask[i])
         torch.testing.assert_close(out[i], out_i)
         torch.testing.assert_close(w[i], w_i)
-    # a textbook softmax gives NaN there; PyTorch 2.13's fused attention gives 0 too
+    # a textbook softmax gives NaN there; PyTorch's fused attention (torch >= 2.5) gives 0 too
     assert torch.isnan(reference_weights(q.detach(), k.detach(), mask, None)[1]).all()
     torch.testing.assert_close(out.detach(), reference_output(q.detach(), k.detach(), v, mask, None))
     # and gradients stay finite
     out.sum().backward()
     assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
     assert (q.grad[1] == 0).all()
+
+
+def test_torch_sdpa_reads_zero_for_an_all_masked_query_with_zero_gradients():
+    """Why pyproject.toml asks for torch >= 2.5 and MultiHeadAttention calls SDPA
+    without a repair: SDPA itself gives a query with no allowed key a zero output
+    and zero gradients, agreeing with attnlib's rule (both dtypes, with and
+    without autograd)."""
+    gen = torch.Generator().manual_seed(2)
+    for dtype in (torch.float32, torch.float64):
+        q = torch.randn(2, 3, 4, generator=gen, dtype=dtype, requires_grad=True)
+        k = torch.randn(2, 5, 4, generator=gen, dtype=dtype, requires_grad=True)
+        v = torch.randn(2, 5, 3, generator=gen, dtype=dtype, requires_grad=True)
+        mask = torch.rand(2, 3, 5, generator=gen) < 0.5
+        mask[:, 1] = False  # query 1 may attend to nothing
+        mask[:, [0, 2], 0] = True
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert (out[:, 1] == 0).all()
+        out_a, _ = attention(q, k, v, mask=mask)
+        torch.testing.assert_close(out, out_a, **TOL[dtype])
+        g = torch.randn(out.shape, generator=gen, dtype=dtype)
+        grads = torch.autograd.grad(out, (q, k, v), g)
+        grads_a = torch.autograd.grad(out_a, (q, k, v), g)
+        assert (grads[0][:, 1] == 0).all()
+        for mine, theirs in zip(grads_a, grads, strict=True):
+            assert torch.isfinite(theirs).all()
+            torch.testing.assert_close(mine, theirs, **TOL[dtype])
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    assert (major, minor) >= (2, 5)
+
+
+def test_weights_batch_entries_do_not_alias_when_only_v_has_the_batch():
+    q, k = torch.randn(3, 4), torch.randn(5, 4)
+    v = torch.randn(2, 5, 6)  # a batch dimension that q and k do not have
+    out, w = attention(q, k, v)
+    assert w.shape == (2, 3, 5) and out.shape == (2, 3, 6)
+    assert w[0].data_ptr() != w[1].data_ptr()
+    w[0].zero_()  # writing one batch entry leaves the other alone
+    assert (w[1] != 0).any()
 
 
 def test_single_query_all_masked():

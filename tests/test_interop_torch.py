@@ -141,6 +141,30 @@ def test_error_separate_linear_not_square() -> None:
         read_separate_linear((sq, None), (sq, None), (sq, None), (sq[0], None))
 
 
+@pytest.mark.parametrize(
+    "q",
+    [torch.zeros(4, 4), ([[0.0]], None), (torch.zeros(4, 4), [0.0] * 4), (torch.zeros(4, 4),)],
+    ids=["bare tensor", "list weight", "list bias", "one element"],
+)
+def test_error_separate_linear_not_a_pair(q: object) -> None:
+    sq = (torch.zeros(4, 4), None)
+    with pytest.raises(TypeError, match=r"q must be a \(weight, bias\) pair of tensors"):
+        read_separate_linear(q, sq, sq, sq)  # type: ignore[arg-type]
+
+
+def test_read_torch_mha_warns_about_dropout() -> None:
+    m = nn.MultiheadAttention(4, 2, dropout=0.1)
+    with pytest.warns(UserWarning, match=r"dropout=0.1 is not read: attnlib has no dropout"):
+        w = read_torch_mha(m)
+    with pytest.warns(UserWarning, match="dropout"):
+        mha = MultiHeadAttention.from_torch(m)
+    torch.testing.assert_close(mha.w_q.detach(), w.w_q)
+    x = torch.randn(2, 3, 4)
+    m.batch_first = True
+    with torch.no_grad():
+        torch.testing.assert_close(mha(x, x, x)[0], m.eval()(x, x, x)[0])  # the same layer in eval mode
+
+
 def test_error_read_torch_mha_half_bias() -> None:
     m = nn.MultiheadAttention(4, 2, bias=True)
     m.out_proj.register_parameter("bias", None)

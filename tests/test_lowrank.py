@@ -248,31 +248,39 @@ def test_product_and_bilinear_shape_errors() -> None:
     fm = FactoredMatrix(torch.zeros(4, 2), torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"x @ M needs x of shape \(\.\.\., k, m=4\), got \(5, 3\)"):
         torch.zeros(5, 3) @ fm
-    with pytest.raises(ValueError, match=r"x @ M needs x .* got list"):
-        fm.__rmatmul__([1.0])  # type: ignore[arg-type]
+    assert fm.__rmatmul__([1.0]) is NotImplemented  # so Python raises its TypeError
+    with pytest.raises(TypeError, match="unsupported operand"):
+        [1.0] @ fm  # type: ignore[operator]
+    with pytest.raises(ValueError, match=r"M @ x needs x of shape \(\.\.\., n=3, k\), got \(4, 2\)"):
+        fm @ torch.zeros(4, 2)
+    with pytest.raises(ValueError, match=r"M @ X needs X of shape \(\.\.\., n=3, p\), got \(4, 5\)"):
+        fm @ FactoredMatrix(torch.zeros(4, 1), torch.zeros(1, 5))
+    assert fm.__matmul__("x") is NotImplemented
+    with pytest.raises(TypeError, match="unsupported operand"):
+        fm @ "x"  # type: ignore[operator]
     with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., n_x, m=4\), got \(5, 3\)"):
         fm.bilinear(torch.zeros(5, 3), torch.zeros(5, 3))
     with pytest.raises(ValueError, match=r"y must have shape \(\.\.\., n_y, n=3\), got \(5, 4\)"):
         fm.bilinear(torch.zeros(5, 4), torch.zeros(5, 4))
-    with pytest.raises(ValueError, match=r"y must have shape .* got float"):
+    with pytest.raises(TypeError, match=r"y must be a torch.Tensor, got float"):
         fm.bilinear(torch.zeros(5, 4), 1.0)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("tol", [-0.1, 1.0, "1e-3", True])
-def test_rank_tolerance_errors(tol: object) -> None:
+@pytest.mark.parametrize(("tol", "error"), [(-0.1, ValueError), (1.0, ValueError), ("1e-3", TypeError), (True, TypeError)])
+def test_rank_tolerance_errors(tol: object, error: type[Exception]) -> None:
     fm = FactoredMatrix(torch.zeros(4, 2), torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="tol must be a number in"):
+    with pytest.raises(error, match="tol must be a number in"):
         fm.rank(tol)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
-def test_flop_count_argument_errors(bad: object) -> None:
+@pytest.mark.parametrize(("bad", "error"), [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_flop_count_argument_errors(bad: object, error: type[Exception]) -> None:
     fm = FactoredMatrix(torch.zeros(4, 2), torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="n_rows must be a positive int"):
+    with pytest.raises(error, match="n_rows must be a positive int"):
         fm.apply_flops(bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="n_x must be a positive int"):
+    with pytest.raises(error, match="n_x must be a positive int"):
         fm.bilinear_flops(bad, 3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="n_y must be a positive int"):
+    with pytest.raises(error, match="n_y must be a positive int"):
         fm.bilinear_flops(3, bad)  # type: ignore[arg-type]
 
 
@@ -314,5 +322,45 @@ def test_circuit_errors() -> None:
             circuit(mha, 4)
         with pytest.raises(IndexError, match="head must be an int"):
             circuit(mha, -1)
-        with pytest.raises(IndexError, match="head must be an int"):
+        with pytest.raises(TypeError, match="head must be an int"):
             circuit(mha, True)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="head must be an int"):
+            circuit(mha, 1.0)  # type: ignore[arg-type]
+
+
+# ---- fm @ x, and the SVD computed once ------------------------------------------------------
+def test_matmul_from_the_left_and_with_another_factored_matrix() -> None:
+    g = torch.Generator().manual_seed(3)
+    fm = FactoredMatrix(torch.randn(2, 5, 3, generator=g, dtype=F64), torch.randn(2, 3, 4, generator=g, dtype=F64))
+    x = torch.randn(2, 4, 6, generator=g, dtype=F64)  # (..., n, k)
+    assert_close(fm @ x, fm.full() @ x)
+    other = FactoredMatrix(torch.randn(4, 2, generator=g, dtype=F64), torch.randn(2, 7, generator=g, dtype=F64))
+    product = fm @ other
+    assert isinstance(product, FactoredMatrix) and product.r == fm.r and product.shape == (2, 5, 7)
+    assert_close(product.full(), fm.full() @ other.full())
+
+
+def test_svd_is_computed_once_and_again_after_an_in_place_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    svd = torch.linalg.svd
+
+    def counting_svd(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return svd(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.linalg, "svd", counting_svd)
+    mha = _mha()
+    qk = qk_circuit(mha, 1)  # detached views of mha's weights
+    first = qk.singular_values
+    qk.rank()
+    qk.stable_rank
+    qk.svd()
+    assert len(calls) == 1
+    with torch.no_grad():
+        mha.w_q.mul_(2.0)  # the factors are views: the product doubles
+    assert_close(qk.singular_values, 2 * first)
+    assert len(calls) == 2
+    grad = FactoredMatrix(torch.randn(4, 2, requires_grad=True), torch.randn(2, 3))
+    grad.singular_values.sum().backward()  # never cached: each call has its own graph
+    grad.singular_values.sum().backward()
+    assert len(calls) == 4

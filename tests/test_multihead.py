@@ -228,7 +228,7 @@ def test_need_weights_false_gives_same_output(case: Case) -> None:
 @SETTINGS
 @given(cases(), st.booleans())
 def test_no_grad_forward_equals_autograd_forward(case: Case, need_weights: bool) -> None:
-    """Under torch.no_grad the fused module may take in-place shortcuts; same result."""
+    """Under torch.no_grad (no graph kept) the result is the same."""
     for module in (case.mha, SeparateHeadsAttention.from_fused(case.mha)):
         out, weights = module(*case.inputs, mask=case.mask, need_weights=need_weights)
         with torch.no_grad():
@@ -376,6 +376,23 @@ def test_separate_heads_default_constructor() -> None:
     assert not SeparateHeadsAttention(12, 3, bias=False).bias
 
 
+def test_separate_heads_device_and_dtype() -> None:
+    sep = SeparateHeadsAttention(8, 2, device="cpu", dtype=torch.float64)
+    assert all(p.dtype == torch.float64 and p.device.type == "cpu" for p in sep.parameters())
+    x = torch.randn(1, 3, 8, dtype=torch.float64)
+    assert sep(x, x, x)[0].dtype == torch.float64
+
+
+def test_from_fused_goes_through_init_and_draws_no_random_numbers() -> None:
+    mha = MultiHeadAttention(8, 2, dtype=torch.float64)
+    state = torch.get_rng_state()
+    sep = SeparateHeadsAttention.from_fused(mha)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert (sep.d_model, sep.num_heads, sep.d_k, sep.bias) == (8, 2, 4, True)
+    assert all(p.device.type == "cpu" and p.dtype == torch.float64 for p in sep.parameters())
+    assert [n for n, _ in sep.named_parameters()] == [n for n, _ in SeparateHeadsAttention(8, 2).named_parameters()]
+
+
 # ---- per-head views ------------------------------------------------------------------
 
 
@@ -416,8 +433,11 @@ def test_head_views_share_storage(h: int, d_k: int, bias: bool, i: int) -> None:
 def test_head_index_out_of_range() -> None:
     mha = MultiHeadAttention(8, 2)
     for i in (-1, 2):
-        with pytest.raises(IndexError, match=rf"head index {i} out of range for num_heads=2"):
+        with pytest.raises(IndexError, match=rf"head must be an int in \[0, 2\) for num_heads=2, got {i}"):
             mha.head(i)
+    for bad in (True, 1.0, "0"):  # bool is an int to Python, not to attnlib
+        with pytest.raises(TypeError, match=r"head must be an int in \[0, 2\), got"):
+            mha.head(bad)  # type: ignore[arg-type]
 
 
 def test_parameter_count_independent_of_heads() -> None:
@@ -446,16 +466,20 @@ def test_error_d_model_not_divisible(cls: type[nn.Module]) -> None:
 
 @pytest.mark.parametrize("cls", [MultiHeadAttention, SeparateHeadsAttention])
 @pytest.mark.parametrize(
-    ("d_model", "num_heads", "message"),
+    ("d_model", "num_heads", "error", "message"),
     [
-        (0, 1, "d_model must be a positive int, got 0"),
-        (8.0, 2, "d_model must be a positive int, got 8.0"),
-        (8, 0, "num_heads must be a positive int, got 0"),
-        (8, -2, "num_heads must be a positive int, got -2"),
+        (0, 1, ValueError, "d_model must be a positive int, got 0"),
+        (8.0, 2, TypeError, "d_model must be a positive int, got float 8.0"),
+        (True, True, TypeError, "d_model must be a positive int, got bool True"),
+        (8, True, TypeError, "num_heads must be a positive int, got bool True"),
+        (8, 0, ValueError, "num_heads must be a positive int, got 0"),
+        (8, -2, ValueError, "num_heads must be a positive int, got -2"),
     ],
 )
-def test_error_bad_dims(cls: type[nn.Module], d_model: object, num_heads: object, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_error_bad_dims(
+    cls: type[nn.Module], d_model: object, num_heads: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
         cls(d_model, num_heads)
 
 

@@ -1,0 +1,135 @@
+"""attnlib._core: the shared validators, AttentionWeights and its packing.
+
+One rule for every module: a wrong type raises TypeError (a bool is not an int),
+a wrong value ValueError, an index out of range IndexError.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlib import FactoredMatrix, MultiHeadAttention, SeparateHeadsAttention, attention
+from attnlib._core import (
+    AttentionWeights,
+    Biases,
+    check_heads,
+    check_index,
+    check_mask,
+    check_positive_int,
+    check_tensor,
+    format_shape,
+    pack_qkv,
+    split_qkv,
+)
+from attnlib.lowrank import qk_circuit
+
+FAST = settings(max_examples=20, deadline=None)
+
+
+def test_format_shape() -> None:
+    assert format_shape(torch.zeros(2, 3)) == "(2, 3)"
+    assert format_shape(torch.Size([5])) == "(5,)"
+    assert format_shape(()) == "()"
+
+
+@pytest.mark.parametrize("value", [1, 7])
+def test_positive_int_accepts(value: int) -> None:
+    assert check_positive_int("n", value) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(0, ValueError), (-1, ValueError), (True, TypeError), (False, TypeError), (2.0, TypeError), ("3", TypeError), (None, TypeError)],
+)
+def test_positive_int_rejects(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="n must be a positive int, got"):
+        check_positive_int("n", value)
+
+
+def test_index() -> None:
+    assert check_index("head", 2, 3, "num_heads=3") == 2
+    with pytest.raises(IndexError, match=r"head must be an int in \[0, 3\) for num_heads=3, got 3"):
+        check_index("head", 3, 3, "num_heads=3")
+    with pytest.raises(IndexError, match="got -1"):
+        check_index("head", -1, 3, "num_heads=3")
+    for bad in (True, 1.5, "1", None):
+        with pytest.raises(TypeError, match=r"head must be an int in \[0, 3\), got"):
+            check_index("head", bad, 3, "num_heads=3")
+
+
+def test_heads_and_tensor_and_mask() -> None:
+    assert check_heads(12, 4) == 3
+    with pytest.raises(ValueError, match="divisible"):
+        check_heads(10, 4)
+    t = torch.zeros(2)
+    assert check_tensor("x", t) is t
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        check_tensor("x", [0.0])
+    m = torch.ones(3, dtype=torch.bool)
+    assert check_mask(m, torch.Size([2, 3])) is m
+
+
+def test_one_rule_across_modules() -> None:
+    """The same wrong argument raises the same exception class in every module."""
+    mha = MultiHeadAttention(8, 2)
+    fm = FactoredMatrix(torch.randn(4, 2), torch.randn(2, 3))
+    wrong_type = [
+        lambda: MultiHeadAttention(True, True),  # type: ignore[arg-type]
+        lambda: SeparateHeadsAttention(8, True),  # type: ignore[arg-type]
+        lambda: mha.head(True),  # type: ignore[arg-type]
+        lambda: qk_circuit(mha, True),  # type: ignore[arg-type]
+        lambda: fm.apply_flops(True),  # type: ignore[arg-type]
+        lambda: FactoredMatrix.from_matrix(torch.randn(3, 3), True),  # type: ignore[arg-type]
+        lambda: attention([1.0], torch.zeros(2, 1), torch.zeros(2, 1)),  # type: ignore[arg-type]
+        lambda: mha([1.0], [1.0], [1.0]),  # type: ignore[arg-type]
+    ]
+    for call in wrong_type:
+        with pytest.raises(TypeError):
+            call()
+    for call in (lambda: mha.head(2), lambda: qk_circuit(mha, -1)):
+        with pytest.raises(IndexError):
+            call()
+    for call in (lambda: MultiHeadAttention(0, 1), lambda: fm.apply_flops(0)):
+        with pytest.raises(ValueError):
+            call()
+
+
+# ---- AttentionWeights, Biases and the packing --------------------------------------------------
+def _weights(d: int, bias: bool, seed: int = 0) -> AttentionWeights:
+    g = torch.Generator().manual_seed(seed)
+    w = [torch.randn(d, d, generator=g) for _ in range(4)]
+    b = [torch.randn(d, generator=g) for _ in range(4)] if bias else [None] * 4
+    return AttentionWeights(*w, *b)
+
+
+def test_biases_record() -> None:
+    with_bias, without = _weights(4, True), _weights(4, False)
+    assert without.biases is None and not without.bias
+    b = with_bias.biases
+    assert isinstance(b, Biases) and with_bias.bias
+    assert b.q is with_bias.b_q and b.k is with_bias.b_k and b.v is with_bias.b_v and b.o is with_bias.b_o
+
+
+def test_weights_type_errors() -> None:
+    w = _weights(4, True)
+    with pytest.raises(TypeError, match="w_k must be a torch.Tensor, got list"):
+        AttentionWeights(w.w_q, [[0.0]], w.w_v, w.w_o)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="b_v must be a torch.Tensor, got float"):
+        AttentionWeights(w.w_q, w.w_k, w.w_v, w.w_o, w.b_q, w.b_k, 0.0, w.b_o)  # type: ignore[arg-type]
+
+
+@FAST
+@given(st.integers(1, 6), st.booleans(), st.integers(0, 2**16))
+def test_pack_then_split_is_the_identity(d: int, bias: bool, seed: int) -> None:
+    w = _weights(d, bias, seed)
+    w_qkv, b_qkv = pack_qkv(w)
+    assert w_qkv.shape == (d, 3 * d) and (b_qkv is None) == (not bias)
+    assert torch.equal(w_qkv[:, d : 2 * d], w.w_k)
+    back = split_qkv(w_qkv, b_qkv, w.w_o, w.b_o)
+    for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
+        a, b = getattr(back, name), getattr(w, name)
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert back.w_q.data_ptr() != w_qkv.data_ptr()  # copies, not views
