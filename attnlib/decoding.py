@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from attnlib.attention import _check_mask, _masked_softmax, _shape
+from attnlib._core import check_mask, check_positive_int, check_tensor, format_shape
+from attnlib.attention import masked_softmax
 
 __all__ = [
     "rope_inv_freq",
@@ -43,18 +45,21 @@ __all__ = [
     "LatentAttention",
     "kv_cache_bytes_per_token",
     "latent_cache_bytes_per_token",
+    "GroupedAttentionWeights",
 ]
 
 
 # ---- RoPE -----------------------------------------------------------------------------------
 
 
-def _check_positive_int(value: object, name: str, *, even: bool = False, zero_ok: bool = False) -> int:
-    """``value`` as an int, or a ValueError naming ``name``; bool is not an int here."""
-    lowest = 0 if zero_ok else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-        kind = "a non-negative" if zero_ok else "a positive"
-        raise ValueError(f"{name} must be {kind} int, got {value!r}")
+def _check_width(value: object, name: str, *, even: bool = False, zero_ok: bool = False) -> int:
+    """``value`` if it is an int >= 1 (>= 0 with ``zero_ok``; even with ``even``):
+    ``TypeError`` for a non-int (``True`` included), ``ValueError`` for a wrong value."""
+    if zero_ok and type(value) is int and value == 0:
+        return 0
+    if zero_ok and type(value) is int and value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
+    value = check_positive_int(name, value)
     if even and value % 2:
         raise ValueError(
             f"{name} must be even for RoPE (dimension j is paired with j + {name}/2), got {value}"
@@ -62,9 +67,12 @@ def _check_positive_int(value: object, name: str, *, even: bool = False, zero_ok
     return value
 
 
-def _check_base(base: object) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
-        raise ValueError(f"base (RoPE's theta) must be a number > 1, got {base!r}")
+def _check_base(base: object, name: str = "base") -> float:
+    """RoPE's theta as a float: ``TypeError`` for a non-number, ``ValueError`` unless > 1."""
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"{name} (RoPE's theta) must be a number, got {type(base).__name__} {base!r}")
+    if not base > 1:
+        raise ValueError(f"{name} (RoPE's theta) must be > 1, got {base!r}")
     return float(base)
 
 
@@ -92,7 +100,7 @@ def rope_inv_freq(
     Raises:
         ValueError: ``d_k`` not a positive even int; ``base`` not a number > 1.
     """
-    _check_positive_int(d_k, "d_k", even=True)
+    _check_width(d_k, "d_k", even=True)
     base = _check_base(base)
     j = torch.arange(0, d_k, 2, device=device, dtype=dtype)  # (d_k/2,): 2j
     return 1.0 / (base ** (j / d_k))  # (d_k/2,)
@@ -109,8 +117,7 @@ def rope_angles(positions: Tensor, d_k: int, base: float = 10000.0) -> Tensor:
     Returns:
         ``(..., n, d_k/2)`` in float64 (float32 on MPS).
     """
-    if not isinstance(positions, Tensor):
-        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    check_tensor("positions", positions)
     if positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(f"positions must be integer or real, got dtype {positions.dtype}")
     dtype = _angle_dtype(positions.device)
@@ -157,12 +164,11 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
         ValueError: ``x`` of rank < 2, not floating point or of odd width; positions that
             do not broadcast to ``(..., n)``; ``base`` not > 1.
     """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor("x", x)
     if x.dim() < 2 or not x.is_floating_point():
-        raise ValueError(f"x must be a floating-point tensor of shape (..., n, d_k), got {_shape(x)} of dtype {x.dtype}")
+        raise ValueError(f"x must be a floating-point tensor of shape (..., n, d_k), got {format_shape(x)} of dtype {x.dtype}")
     n, d_k = x.shape[-2], x.shape[-1]
-    _check_positive_int(d_k, "d_k (the last dimension of x)", even=True)
+    _check_width(d_k, "d_k (the last dimension of x)", even=True)
     if positions is None:
         positions = torch.arange(n, device=x.device)  # (n,)
     elif not isinstance(positions, Tensor):
@@ -174,7 +180,7 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
             ok = False
         if not ok:
             raise ValueError(
-                f"positions of shape {_shape(positions)} must broadcast to x's (..., n) = {_shape(x.shape[:-1])}"
+                f"positions of shape {format_shape(positions)} must broadcast to x's (..., n) = {format_shape(x.shape[:-1])}"
             )
     angles = rope_angles(positions.to(x.device), d_k, base)  # (..., n, d_k/2)
     angles = torch.cat((angles, angles), dim=-1)  # (..., n, d_k): pair j and j + d_k/2 share an angle
@@ -199,7 +205,7 @@ def rope_rotation(
     :math:`R_p R_s^\top = R_{p-s}` and :math:`R_0 = I`.
     """
     if isinstance(position, bool) or not isinstance(position, (int, float)):
-        raise ValueError(f"position must be an int or float, got {position!r}")
+        raise TypeError(f"position must be an int or float, got {type(position).__name__} {position!r}")
     angle_dtype = _angle_dtype(torch.device(device) if device is not None else torch.device("cpu"))
     theta = position * rope_inv_freq(d_k, base, device=device, dtype=angle_dtype)  # (d_k/2,)
     cos, sin = theta.cos(), theta.sin()  # (d_k/2,)
@@ -226,10 +232,10 @@ def causal_mask(n_q: int, n_k: int | None = None, *, device: torch.device | str 
     Raises:
         ValueError: ``n_q`` not a positive int, or ``n_k`` not an int ``>= n_q``.
     """
-    _check_positive_int(n_q, "n_q")
+    _check_width(n_q, "n_q")
     if n_k is None:
         n_k = n_q
-    _check_positive_int(n_k, "n_k")
+    _check_width(n_k, "n_k")
     if n_k < n_q:
         raise ValueError(f"n_k ({n_k}) must be >= n_q ({n_q}): the queries are the last n_q of the n_k positions")
     q_pos = torch.arange(n_k - n_q, n_k, device=device)  # (n_q,) absolute positions
@@ -244,24 +250,93 @@ def kv_cache_bytes_per_token(
     With ``g = num_kv_heads = h`` (MHA), ``d_k = d_v = d_model / h`` this is
     ``2 * d_model * itemsize``; GQA divides it by ``h / g``; MQA is ``g = 1``.
     """
-    _check_positive_int(num_kv_heads, "num_kv_heads")
-    _check_positive_int(d_k, "d_k")
-    d_v = d_k if d_v is None else _check_positive_int(d_v, "d_v")
+    _check_width(num_kv_heads, "num_kv_heads")
+    _check_width(d_k, "d_k")
+    d_v = d_k if d_v is None else _check_width(d_v, "d_v")
     return num_kv_heads * (d_k + d_v) * _itemsize(dtype)
 
 
 def latent_cache_bytes_per_token(d_c: int, d_r: int, dtype: torch.dtype = torch.float32) -> int:
     """Bytes an MLA cache holds per token, per layer and sequence: ``(d_c + d_r) * itemsize``
     (one latent of width ``d_c`` and one shared RoPE key of width ``d_r``)."""
-    _check_positive_int(d_c, "d_c")
-    _check_positive_int(d_r, "d_r", zero_ok=True)
+    _check_width(d_c, "d_c")
+    _check_width(d_r, "d_r", zero_ok=True)
     return (d_c + d_r) * _itemsize(dtype)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype must be a torch.dtype, got {dtype!r}")
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
     return torch.empty((), dtype=dtype).element_size()
+
+
+# ---- grouped weights ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupedAttentionWeights:
+    """Multi-head attention with grouped keys and values (GQA/MQA) and optional RoPE,
+    paper orientation (each weight used as ``x @ w``).
+
+    ``w_q``: ``(d_model, h*d_k)``, ``w_k``, ``w_v``: ``(d_model, g*d_k)``,
+    ``w_o``: ``(h*d_k, d_model)`` with ``h*d_k = d_model``, ``h = num_heads``,
+    ``g = num_kv_heads`` dividing ``h``; biases ``(h*d_k,)`` / ``(g*d_k,)`` / ``(d_model,)``,
+    all four or none. Query head ``i`` reads key/value group ``i // (h/g)``.
+    ``rope_base``: RoPE's theta, or ``None`` for no RoPE.
+    """
+
+    w_q: Tensor
+    w_k: Tensor
+    w_v: Tensor
+    w_o: Tensor
+    num_heads: int
+    num_kv_heads: int
+    b_q: Tensor | None = None
+    b_k: Tensor | None = None
+    b_v: Tensor | None = None
+    b_o: Tensor | None = None
+    rope_base: float | None = None
+
+    def __post_init__(self) -> None:
+        h = check_positive_int("num_heads", self.num_heads)
+        g = check_positive_int("num_kv_heads", self.num_kv_heads)
+        if h % g:
+            raise ValueError(f"num_kv_heads ({g}) must divide num_heads ({h})")
+        for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
+            if not (name.startswith("b_") and getattr(self, name) is None):
+                check_tensor(name, getattr(self, name))
+        if self.w_q.dim() != 2 or self.w_q.shape[0] != self.w_q.shape[1]:
+            raise ValueError(f"w_q must have shape (d_model, d_model) (h*d_k = d_model), got {format_shape(self.w_q)}")
+        d = int(self.w_q.shape[0])
+        if d % h:
+            raise ValueError(f"d_model ({d}) must be divisible by num_heads ({h})")
+        d_kv = g * (d // h)
+        expected = {
+            "w_k": (d, d_kv), "w_v": (d, d_kv), "w_o": (d, d),
+            "b_q": (d,), "b_k": (d_kv,), "b_v": (d_kv,), "b_o": (d,),
+        }
+        for name, shape in expected.items():
+            t = getattr(self, name)
+            if name.startswith("b_") and t is None:
+                continue
+            if tuple(t.shape) != shape:
+                raise ValueError(
+                    f"{name} must have shape {format_shape(shape)} for d_model={d}, num_heads={h}, "
+                    f"num_kv_heads={g}, got {format_shape(t)}"
+                )
+        has_bias = [getattr(self, n) is not None for n in ("b_q", "b_k", "b_v", "b_o")]
+        if any(has_bias) and not all(has_bias):
+            raise ValueError("biases must be given for all four projections or for none")
+        if self.rope_base is not None:
+            _check_base(self.rope_base, "rope_base")
+
+    @property
+    def d_model(self) -> int:
+        return int(self.w_q.shape[0])
+
+    @property
+    def bias(self) -> bool:
+        return self.b_q is not None
 
 
 # ---- caches ---------------------------------------------------------------------------------
@@ -341,14 +416,15 @@ class _Cache:
         if self._tensors:
             self._tensors = {k: torch.cat([self._tensors[k], new[k]], dim=self._seq_dim) for k in self._names}
         else:
-            self._tensors = {k: new[k] for k in self._names}
+            # copies: a view (say of a packed q|k|v projection) would keep its whole base alive
+            self._tensors = {k: new[k].clone(memory_format=torch.contiguous_format) for k in self._names}
             self._owner = weakref.ref(module)
         return dict(self._tensors)
 
     def __repr__(self) -> str:
         if not self._tensors:
             return f"{type(self).__name__}(empty)"
-        shapes = ", ".join(f"{k}={_shape(t)}" for k, t in self._tensors.items())
+        shapes = ", ".join(f"{k}={format_shape(t)}" for k, t in self._tensors.items())
         return f"{type(self).__name__}(len={len(self)}, {shapes}, dtype={self.dtype})"
 
 
@@ -401,7 +477,7 @@ class KVCache(_Cache):
                 old = self._tensors[name]
                 if t.shape[1] != old.shape[1] or t.shape[3] != old.shape[3]:
                     raise ValueError(
-                        f"new {name} of shape {_shape(t)} do not fit the cached {name} of shape {_shape(old)}"
+                        f"new {name} of shape {format_shape(t)} do not fit the cached {name} of shape {format_shape(old)}"
                     )
         total = self._append(module, keys=keys, values=values)
         return total["keys"], total["values"]
@@ -479,7 +555,9 @@ class LatentAttention(nn.Module):
     with :math:`W^{UK}_i` folded into the query side the scores read the latents directly;
     and :math:`\sum_j a_j v_{j,i} W^O_i = (\sum_j a_j c_j)(W^{UV}_i W^O_i)`, so :math:`W^{UV}_i`
     folds into :math:`W^O_i`. ``absorb=True`` computes that way and never forms a key or
-    value; ``absorb=False`` up-projects the cache to K and V. Both give the same function.
+    value of a cached token; ``absorb=False`` up-projects the cache to K and V. Both give the
+    same function. All heads then read the same latents and the same rotary key, which
+    makes the absorbed form multi-query attention in latent space.
     The rotary part cannot be absorbed (its rotation depends on the position), which is
     why DeepSeek-V2 keeps it as a separate, shared key of width :math:`d_r`.
 
@@ -530,19 +608,19 @@ class LatentAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_positive_int(d_model, "d_model")
-        _check_positive_int(num_heads, "num_heads")
-        _check_positive_int(d_c, "d_c")
-        _check_positive_int(d_r, "d_r", even=True, zero_ok=True)
+        check_positive_int("d_model", d_model)
+        check_positive_int("num_heads", num_heads)
+        _check_width(d_c, "d_c")
+        _check_width(d_r, "d_r", even=True, zero_ok=True)
         if d_k is None:
             if d_model % num_heads:
                 raise ValueError(
                     f"d_model ({d_model}) must be divisible by num_heads ({num_heads}) when d_k is not given"
                 )
             d_k = d_model // num_heads
-        _check_positive_int(d_k, "d_k")
-        d_v = d_k if d_v is None else _check_positive_int(d_v, "d_v")
-        self.rope_base = _check_base(rope_base)
+        _check_width(d_k, "d_k")
+        d_v = d_k if d_v is None else _check_width(d_v, "d_v")
+        self.rope_base = _check_base(rope_base, "rope_base")
         self.d_model, self.num_heads, self.d_c, self.d_r, self.d_k, self.d_v = d_model, num_heads, d_c, d_r, d_k, d_v
         h = num_heads
         kw: dict[str, Any] = {"device": device, "dtype": dtype}
@@ -592,10 +670,9 @@ class LatentAttention(nn.Module):
         cache: LatentCache | None = None,
         absorb: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        check_tensor("x", x)
         if x.dim() != 3 or x.shape[-1] != self.d_model or x.shape[1] == 0:
-            raise ValueError(f"x must have shape (B, t, d_model={self.d_model}) with t >= 1, got {_shape(x)}")
+            raise ValueError(f"x must have shape (B, t, d_model={self.d_model}) with t >= 1, got {format_shape(x)}")
         if x.dtype != self.w_q.dtype:
             raise ValueError(f"x has dtype {x.dtype} but the module's weights have dtype {self.w_q.dtype}")
         B, t, _ = x.shape
@@ -606,7 +683,7 @@ class LatentAttention(nn.Module):
             cache._check(self, B, x.dtype, x.device)
             past = len(cache)
         elif mask is not None:
-            _check_mask(mask, torch.Size([B, h, t, t]))
+            check_mask(mask, torch.Size([B, h, t, t]))
         positions = torch.arange(past, past + t, device=x.device)  # (t,)
         c = x @ self.w_dkv  # (B, t, d_c): the latents
         k_r = x @ self.w_kr  # (B, t, d_r)
@@ -620,22 +697,26 @@ class LatentAttention(nn.Module):
             mask = causal_mask(t, past + t, device=x.device)  # (t, n)
         n = c.shape[1]
         scale = 1.0 / math.sqrt(d_k + d_r)
-        rope_scores = q_r @ k_r[:, None].transpose(-2, -1)  # (B, h, t, n): one shared key per token
+        # The rotary key and (absorbed) the latent are shared by all heads, so the heads'
+        # queries are stacked as rows of one (B, h*t, .) matrix, as in multi-query attention.
+        rope_scores = (q_r.reshape(B, h * t, d_r) @ k_r.transpose(1, 2)).view(B, h, t, n)  # (B, h, t, n)
         if absorb:
             q_lat = torch.einsum("bhtd,chd->bhtc", q_c, self.w_uk.view(d_c, h, d_k))  # (B, h, t, d_c): q^C_i W^UK_i^T
-            scores = q_lat @ c[:, None].transpose(-2, -1)  # (B, h, t, n): latents read directly
+            scores = (q_lat.reshape(B, h * t, d_c) @ c.transpose(1, 2)).view(B, h, t, n)  # latents read directly
         else:
             k_c = (c @ self.w_uk).view(B, n, h, d_k).transpose(1, 2)  # (B, h, n, d_k)
             scores = q_c @ k_c.transpose(-2, -1)  # (B, h, t, n)
         scores = (scores + rope_scores) * scale  # (B, h, t, n)
-        weights = torch.softmax(scores, -1) if mask is None else _masked_softmax(scores, mask)  # (B, h, t, n)
+        weights = masked_softmax(scores, mask)  # (B, h, t, n); plain softmax when mask is None
         if absorb:
-            mixed = weights @ c[:, None]  # (B, h, t, d_c): a mixture of latents per head
-            out = torch.einsum("bhtc,hcm->btm", mixed, self.w_o_absorbed)  # (B, t, d_model)
+            mixed = (weights.reshape(B, h * t, n) @ c).view(B, h, t, d_c)  # a mixture of latents per head
+            # through W^UV_i W^O_i = w_o_absorbed[i], applied as two small products (cheaper
+            # than forming the (d_c, d_model) products when t is small)
+            heads = torch.einsum("bhtc,chv->bhtv", mixed, self.w_uv.view(d_c, h, d_v))  # (B, h, t, d_v)
         else:
             v = (c @ self.w_uv).view(B, n, h, d_v).transpose(1, 2)  # (B, h, n, d_v)
             heads = weights @ v  # (B, h, t, d_v)
-            out = heads.transpose(1, 2).reshape(B, t, h * d_v) @ self.w_o  # (B, t, d_model)
+        out = heads.transpose(1, 2).reshape(B, t, h * d_v) @ self.w_o  # (B, t, d_model)
         return out, (weights if need_weights else None)
 
     def extra_repr(self) -> str:

@@ -101,9 +101,9 @@ def test_rope_keeps_dtype_and_default_positions() -> None:
     [
         (lambda: rope_inv_freq(5), ValueError, "d_k must be even"),
         (lambda: rope_inv_freq(0), ValueError, "d_k must be a positive int"),
-        (lambda: rope_inv_freq(True), ValueError, "d_k must be a positive int"),
+        (lambda: rope_inv_freq(True), TypeError, "d_k must be a positive int, got bool True"),
         (lambda: rope_inv_freq(4, base=1.0), ValueError, "base"),
-        (lambda: rope_inv_freq(4, base="10"), ValueError, "base"),
+        (lambda: rope_inv_freq(4, base="10"), TypeError, "base"),
         (lambda: rope_angles([0, 1], 4), TypeError, "positions must be a torch.Tensor"),
         (lambda: rope_angles(torch.tensor([True]), 4), ValueError, "positions must be integer or real"),
         (lambda: apply_rope([[1.0, 2.0]]), TypeError, "x must be a torch.Tensor"),
@@ -112,11 +112,11 @@ def test_rope_keeps_dtype_and_default_positions() -> None:
         (lambda: apply_rope(torch.ones(2, 3)), ValueError, "must be even"),
         (lambda: apply_rope(torch.ones(2, 4), torch.arange(3)), ValueError, r"positions of shape \(3,\)"),
         (lambda: apply_rope(torch.ones(2, 4), [0, 1]), TypeError, "positions must be a torch.Tensor or None"),
-        (lambda: rope_rotation(True, 4), ValueError, "position must be an int or float"),
+        (lambda: rope_rotation(True, 4), TypeError, "position must be an int or float"),
         (lambda: causal_mask(0), ValueError, "n_q must be a positive int"),
         (lambda: causal_mask(3, 2), ValueError, r"n_k \(2\) must be >= n_q \(3\)"),
         (lambda: kv_cache_bytes_per_token(0, 4), ValueError, "num_kv_heads"),
-        (lambda: kv_cache_bytes_per_token(1, 4, dtype="float32"), ValueError, "dtype must be a torch.dtype"),
+        (lambda: kv_cache_bytes_per_token(1, 4, dtype="float32"), TypeError, "dtype must be a torch.dtype"),
         (lambda: latent_cache_bytes_per_token(4, -2), ValueError, "d_r must be a non-negative int"),
     ],
 )
@@ -312,14 +312,27 @@ def test_latent_cache_dtype_mismatch() -> None:
         ((12, 3, 0, 2), {}, "d_c must be a positive int"),
         ((12, 5, 4, 2), {}, r"d_model \(12\) must be divisible by num_heads \(5\)"),
         ((12, 0, 4, 2), {}, "num_heads must be a positive int"),
-        ((True, 1, 4, 2), {}, "d_model must be a positive int"),
         ((12, 3, 4, 2), {"d_k": 0}, "d_k must be a positive int"),
-        ((12, 3, 4, 2), {"d_v": 1.5}, "d_v must be a positive int"),
+        ((12, 3, 4, -2), {}, "d_r must be a non-negative int"),
         ((12, 3, 4, 2), {"rope_base": 0.5}, "base"),
     ],
 )
 def test_mla_constructor_errors(args: tuple[int, ...], kw: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
+        LatentAttention(*args, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "kw", "match"),
+    [
+        ((True, 1, 4, 2), {}, "d_model must be a positive int, got bool True"),
+        ((12, 3, 4, 2), {"d_v": 1.5}, "d_v must be a positive int, got float 1.5"),
+        ((12, 3, 4, 2), {"rope_base": "1e4"}, "rope_base"),
+        ((12, 3, 4, 2.0), {}, "d_r must be a positive int"),
+    ],
+)
+def test_mla_constructor_type_errors(args: tuple[int, ...], kw: dict[str, object], match: str) -> None:
+    with pytest.raises(TypeError, match=match):
         LatentAttention(*args, **kw)  # type: ignore[arg-type]
 
 
