@@ -17,8 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure, SubFigure
 
 __all__ = ["attention_map", "attention_maps", "line_plot", "singular_values",
-           "spectra_groups", "strip_plot", "benchmark_panels", "block_heatmap",
-           "cache_bytes"]
+           "spectra_groups", "strip_plot", "benchmark_panels", "block_heatmap"]
 
 
 def _to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -467,6 +466,12 @@ def rank_sweep(
     ax.minorticks_off()
     _finish(ax, "head width $d_k$", ylabel, title)
     ax.legend(fontsize="small")
+    return fig
+
+
+# ---- chapter 8: decoding ---------------------------------------------------------------
+__all__ += ["cache_bytes"]
+
 
 def cache_bytes(
     per_token: dict[str, float],
