@@ -732,17 +732,24 @@ class LatentAttention(nn.Module):
         """The ``need_weights=False`` path: PyTorch's ``scaled_dot_product_attention`` on
         queries ``[q^C | q^R]`` and keys ``[k^C | k^R]`` (width ``d_k + d_r``), or, absorbed,
         ``[q^C W^UK^T | q^R]`` against the shared ``[c | k^R]`` (width ``d_c + d_r``) with the
-        latents as values: one key/value head for all query heads. Returns ``(B, h, t, d_v)``."""
+        latents as values: one key/value head for all query heads, whose ``h*t`` queries are
+        stacked as rows. Returns ``(B, h, t, d_v)``."""
         B, h, t, _ = q_c.shape
         n, d_c, d_k, d_v = c.shape[1], self.d_c, self.d_k, self.d_v
         if mask is not None and mask.dim() == 1:
             mask = mask.unsqueeze(0)  # (n,) -> (1, n): SDPA rejects a 1-D mask
         if absorb:
             q_lat = torch.einsum("bhtd,chd->bhtc", q_c, self.w_uk.view(d_c, h, d_k))  # (B, h, t, d_c)
-            q = torch.cat([q_lat, q_r], dim=-1)  # (B, h, t, d_c + d_r)
-            k = torch.cat([c, k_r], dim=-1)[:, None].expand(B, h, n, d_c + self.d_r)  # shared by the heads
-            v = c[:, None].expand(B, h, n, d_c)  # (B, h, n, d_c): the latents themselves
-            mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, h, t, d_c)
+            # one key/value head: the h heads' queries become h*t rows against the shared keys
+            q = torch.cat([q_lat, q_r], dim=-1).reshape(B, 1, h * t, d_c + self.d_r)  # (B, 1, h*t, d_c + d_r)
+            k = torch.cat([c, k_r], dim=-1)[:, None]  # (B, 1, n, d_c + d_r)
+            v = c[:, None]  # (B, 1, n, d_c): the latents themselves
+            if mask is not None:
+                while mask.dim() < 4:
+                    mask = mask.unsqueeze(0)  # -> (B or 1, h or 1, t or 1, n)
+                mask = mask.expand(mask.shape[0], h, t, n).reshape(mask.shape[0], 1, h * t, n)
+            mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, 1, h*t, d_c)
+            mixed = mixed.view(B, h, t, d_c)  # (B, h, t, d_c)
             return torch.einsum("bhtc,chv->bhtv", mixed, self.w_uv.view(d_c, h, d_v))  # (B, h, t, d_v)
         k_c = (c @ self.w_uk).view(B, n, h, d_k).transpose(1, 2)  # (B, h, n, d_k)
         q = torch.cat([q_c, q_r], dim=-1)  # (B, h, t, d_k + d_r)

@@ -164,10 +164,14 @@ def mla_cases(draw: st.DrawFn) -> tuple[LatentAttention, torch.Tensor]:
 
 
 @SETTINGS
-@given(mla_cases(), st.booleans())
-def test_mla_absorbed_equals_naive(case: tuple[LatentAttention, torch.Tensor], causal: bool) -> None:
+@given(mla_cases(), st.sampled_from(["none", "causal", "per_head"]))
+def test_mla_absorbed_equals_naive(case: tuple[LatentAttention, torch.Tensor], kind: str) -> None:
     mla, x = case
-    mask = causal_mask(x.shape[1]) if causal else None
+    B, t, _ = x.shape
+    mask = None if kind == "none" else causal_mask(t)
+    if kind == "per_head":  # (B, h, t, t), each row keeps its first key
+        mask = torch.rand(B, mla.num_heads, t, t, generator=torch.Generator().manual_seed(t)) < 0.5
+        mask[..., 0] = True
     out_n, w_n = mla(x, mask=mask)
     out_a, w_a = mla(x, mask=mask, absorb=True)
     assert out_n.shape == x.shape and w_n is not None and w_n.shape == (x.shape[0], mla.num_heads, x.shape[1], x.shape[1])
