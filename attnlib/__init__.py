@@ -35,6 +35,22 @@ __all__ = [
 ]
 __version__ = "0.1.0"  # the one place; pyproject.toml reads it
 
+# interactive figures of the rendered book (attnlib.explorers)
+from attnlib.explorers import head_explorer, sharpness_explorer  # noqa: E402
+
+__all__ += ["head_explorer", "sharpness_explorer"]
+
+# chapter 7: the phone book, learned (attnlib.recall)
+from attnlib.recall import PhoneBookTask, RecallBatch, RecallHead, block_fractions, train_recall  # noqa: E402
+
+__all__ += ["PhoneBookTask", "RecallBatch", "RecallHead", "train_recall", "block_fractions"]
+
+# chapter 9: is my attention right?
+from attnlib import audit  # noqa: E402
+from attnlib.audit import AuditReport, diagnose  # noqa: E402
+
+__all__ += ["audit", "AuditReport", "diagnose"]
+
 # chapter 8: decoding (RoPE, the KV cache, multi-head latent attention)
 from attnlib.decoding import KVCache, LatentAttention, LatentCache  # noqa: E402
 

@@ -317,3 +317,200 @@ def block_heatmap(
         ax.set_title(title)
     fig.colorbar(im, ax=ax, label=colorbar_label)
     return fig
+
+
+def head_blocks(
+    w_q: torch.Tensor | np.ndarray,
+    concat: torch.Tensor | np.ndarray,
+    w_o: torch.Tensor | np.ndarray,
+    num_heads: int,
+) -> Figure:
+    r"""Where each head lives in the fused layer: three panels, one colour per head.
+
+    Left: ``w_q`` ``(d_model, h d_k)``, whose column block ``i`` is :math:`W_i^Q`.
+    Middle: ``concat`` ``(n, h d_v)``, :math:`\mathrm{Concat}(\mathrm{head}_0, \dots)`,
+    whose column block ``i`` is head ``i``'s output. Right: ``w_o`` ``(h d_v, d_model)``,
+    whose row block ``i`` is :math:`W_i^O`, the rows that read head ``i``. Each panel
+    shows the magnitudes of the entries in grey, tinted with the head's colour; heads
+    are numbered from 0.
+    """
+    q, c, o = _to_numpy(w_q), _to_numpy(concat), _to_numpy(w_o)
+    if not (isinstance(num_heads, int) and num_heads > 0):
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    if q.ndim != 2 or q.shape[1] % num_heads:
+        raise ValueError(
+            f"w_q must have shape (d_model, h*d_k) with h = {num_heads} dividing its "
+            f"columns, got {q.shape}"
+        )
+    if c.ndim != 2 or c.shape[1] % num_heads:
+        raise ValueError(
+            f"concat must have shape (n, h*d_v) with h = {num_heads} dividing its "
+            f"columns, got {c.shape}"
+        )
+    if o.ndim != 2 or o.shape[0] != c.shape[1]:
+        raise ValueError(
+            f"w_o must have shape (h*d_v, d_model) = ({c.shape[1]}, d_model), got {o.shape}"
+        )
+    d_k, d_v = q.shape[1] // num_heads, c.shape[1] // num_heads
+    colours = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.6), layout="constrained",
+                             width_ratios=[q.shape[1], c.shape[1], o.shape[1]])
+    panels = [
+        (axes[0], q, "1. $W^Q$: column block $i$ is $W_i^Q$", "column (block $i$: head $i$)",
+         "row (input feature)", "col", d_k, "$W_{%d}^Q$"),
+        (axes[1], c, "2. Concat: block $i$ is head $i$", "column (block $i$: head $i$)",
+         "row (position)", "col", d_v, "head %d"),
+        (axes[2], o, "3. $W^O$: row block $i$ is $W_i^O$", "column (output feature)",
+         "row (block $i$: head $i$)", "row", d_v, "$W_{%d}^O$"),
+    ]
+    for ax, m, title, xlabel, ylabel, kind, width, label in panels:
+        ax.imshow(np.abs(m), cmap="Greys", aspect="auto", interpolation="nearest")
+        for i in range(num_heads):
+            start = i * width - 0.5
+            if kind == "col":
+                xy, w, h_ = (start, -0.5), width, m.shape[0]
+                centre = (start + width / 2, m.shape[0] / 2 - 0.5)
+            else:
+                xy, w, h_ = (-0.5, start), m.shape[1], width
+                centre = (m.shape[1] / 2 - 0.5, start + width / 2)
+            ax.add_patch(plt.Rectangle(xy, w, h_, facecolor=colours(i % 10), alpha=0.35,
+                                       edgecolor=colours(i % 10), linewidth=2))
+            ax.text(*centre, label % i, ha="center", va="center", fontsize=9,
+                    bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=1))
+        _finish(ax, xlabel, ylabel, None, grid="both")
+        ax.grid(False)
+        ax.set_title(title, fontsize=10)
+    return fig
+
+
+__all__ += ["head_blocks"]
+
+# ---- chapter 7: the phone book, learned ------------------------------------------------
+__all__ += ["signed_heatmap", "rank_sweep"]
+
+
+def signed_heatmap(
+    values: torch.Tensor | np.ndarray,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    xlabel: str,
+    ylabel: str,
+    colorbar_label: str,
+    ax: Axes | None = None,
+    title: str | None = None,
+    row_split: int | None = None,
+    col_split: int | None = None,
+    annotate: bool = False,
+) -> Figure:
+    """Heat map of a matrix ``(rows, cols)`` of either sign, e.g. a trained W^QK.
+
+    The colour scale is symmetric about 0 (red positive, blue negative, white 0).
+    ``row_split`` / ``col_split`` draw a line before that row / column, to mark the
+    blocks of a matrix (such as the key and value blocks of a token). With
+    ``annotate`` every cell shows its value (two decimals).
+    """
+    v = _to_numpy(values)
+    if v.ndim != 2 or v.shape != (len(row_labels), len(col_labels)):
+        raise ValueError(
+            f"values must have shape (len(row_labels), len(col_labels)) = "
+            f"({len(row_labels)}, {len(col_labels)}), got {v.shape}"
+        )
+    for name, split, n in (("row_split", row_split, v.shape[0]), ("col_split", col_split, v.shape[1])):
+        if split is not None and not 0 < split < n:
+            raise ValueError(f"{name} must lie strictly between 0 and {n}, got {split}")
+    fig, ax = _axes(ax, (1.8 + 0.35 * v.shape[1], 1.2 + 0.3 * v.shape[0]))
+    top = float(np.abs(v).max()) or 1.0
+    im = ax.imshow(v, cmap="RdBu_r", vmin=-top, vmax=top, aspect="auto")
+    ax.set_xticks(range(v.shape[1]), list(col_labels), rotation=90 if v.shape[1] > 6 else 0)
+    ax.set_yticks(range(v.shape[0]), list(row_labels))
+    ax.tick_params(labelsize=8)
+    if row_split is not None:
+        ax.axhline(row_split - 0.5, color="black", linewidth=1.2)
+    if col_split is not None:
+        ax.axvline(col_split - 0.5, color="black", linewidth=1.2)
+    if annotate:
+        for i in range(v.shape[0]):
+            for j in range(v.shape[1]):
+                ax.text(j, i, f"{v[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if abs(v[i, j]) > 0.6 * top else "black")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, label=colorbar_label)
+    return fig
+
+
+def rank_sweep(
+    d_ks: Sequence[int],
+    series: dict[str, Sequence[float] | np.ndarray],
+    references: dict[str, float],
+    ylabel: str,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Results against the head width ``d_k`` (log-2 axis), one line per entry of
+    ``series``, with a dashed vertical line at each value of ``references``
+    (label -> d_k), e.g. the number of keys a naive argument asks for."""
+    for label, y in series.items():
+        if len(y) != len(d_ks):
+            raise ValueError(f"series[{label!r}] must have len(d_ks) = {len(d_ks)} values, got {len(y)}")
+    fig, ax = _axes(ax, (5.5, 3.6))
+    for label, y in series.items():
+        ax.plot(list(d_ks), _to_numpy(np.asarray(y)), marker="o", label=label)
+    styles = [":", "--", "-."]
+    for k, (label, x) in enumerate(references.items()):
+        ax.axvline(x, color="grey", linestyle=styles[k % len(styles)], linewidth=1.2, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(d_ks), [str(d) for d in d_ks])
+    ax.minorticks_off()
+    _finish(ax, "head width $d_k$", ylabel, title)
+    ax.legend(fontsize="small")
+    return fig
+
+
+# ---- chapter 8: decoding ---------------------------------------------------------------
+__all__ += ["cache_bytes"]
+
+
+def cache_bytes(
+    per_token: dict[str, float],
+    ax: Axes | None = None,
+    title: str | None = None,
+    groups: dict[str, str] | None = None,
+) -> Figure:
+    """Horizontal bars of cache bytes per token, one bar per entry of ``per_token``
+    (label -> bytes), top to bottom in the dict's order, on a log axis in KiB, each bar
+    annotated with its size. ``groups`` (label -> group name) colours the bars by group
+    and adds a legend; every label must then have a group.
+    """
+    if not per_token:
+        raise ValueError("per_token must hold at least one entry (label -> bytes), got none")
+    bad = {k: v for k, v in per_token.items() if not v > 0}
+    if bad:
+        raise ValueError(f"per_token values must be positive byte counts, got {bad}")
+    if groups is not None and set(groups) != set(per_token):
+        raise ValueError(
+            f"groups must name a group for every label of per_token: "
+            f"missing {sorted(set(per_token) - set(groups))}, extra {sorted(set(groups) - set(per_token))}"
+        )
+    labels = list(per_token)
+    kib = np.array([per_token[k] for k in labels], dtype=np.float64) / 1024
+    fig, ax = _axes(ax, (6.4, 0.9 + 0.42 * len(labels)))
+    y = np.arange(len(labels))
+    if groups is None:
+        ax.barh(y, kib, color="C0")
+    else:
+        names = list(dict.fromkeys(groups[k] for k in labels))
+        for c, name in enumerate(names):
+            sel = [i for i, k in enumerate(labels) if groups[k] == name]
+            ax.barh(y[sel], kib[sel], color=f"C{c}", label=name)
+        ax.legend(loc="lower right", fontsize="small")
+    ax.set_xscale("log")
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()  # first entry on top
+    for yi, v in zip(y, kib):
+        ax.text(float(v) * 1.08, float(yi), f"{v:,.4g} KiB", va="center", fontsize=8)
+    ax.set_xlim(kib.min() / 2, kib.max() * 12)
+    _finish(ax, "cache per token (KiB, log scale)", "", title, grid="x")
+    return fig

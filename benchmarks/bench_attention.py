@@ -11,11 +11,16 @@ variants alike. Ratios are also given as the median of per-round ratios against
 Variants (self-attention, ``query is key is value``):
 
 =======================  ===================================================================
-``per_head_loop``        ``attnlib.SeparateHeadsAttention``: h small projections per role, a loop
+``per_head_loop``        ``attnlib.SeparateHeadsAttention``: h small projections per role, a loop,
+                         explicit softmax per head (``attnlib.attention``)
+``per_head_loop_sdpa``   the same loop and small projections, ``F.scaled_dot_product_attention``
+                         per head
 ``attnlib``              ``attnlib.MultiHeadAttention``, attention weights returned
 ``attnlib_noweights``    ``attnlib.MultiHeadAttention(..., need_weights=False)`` (SDPA inside)
 ``packed_qkv``           one ``nn.Linear(d, 3d)`` as nanoGPT's ``c_attn``, explicit softmax
+                         (the fused partner of ``per_head_loop``)
 ``sdpa``                 the same packed projection + ``F.scaled_dot_product_attention``
+                         (the fused partner of ``per_head_loop_sdpa``)
 ``torch_mha``            ``torch.nn.MultiheadAttention``, weights returned (per head)
 ``torch_mha_noweights``  ``torch.nn.MultiheadAttention(..., need_weights=False)``
 ``merged_qk``            scores from one ``d x d`` matrix per head, ``W_i^Q W_i^K^T``
@@ -52,10 +57,10 @@ A plot is written next to the CSV (same name, ``.png``) unless ``--no-plot``.
 The committed results in ``benchmarks/results/`` come from the book's build machine,
 2 shared CPU cores, PyTorch 2.13 CPU build, float32:
 
-- ``cpu_sweep.csv`` / ``.png``: ``--threads 1 --clock cpu --rounds 5 --heads 1 4 16``
-  (other jobs shared the cores, so one thread and CPU time);
+- ``cpu_sweep.csv`` / ``.png``: ``--threads 1 --clock cpu --rounds 7 --heads 1 4 16``
+  (other jobs shared the cores, so one thread and CPU time; 9.5 minutes, load average 4 to 7);
 - ``cpu_target.csv``: ``--target --threads 1 --clock cpu --rounds 60``;
-- ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock,
+- ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock, attnlib's previous forward,
   measured while the machine was otherwise idle).
 """
 
@@ -88,6 +93,7 @@ from attnlib.interop import write_packed_linear
 
 VARIANTS = [
     "per_head_loop",
+    "per_head_loop_sdpa",
     "attnlib",
     "attnlib_noweights",
     "packed_qkv",
@@ -135,6 +141,16 @@ def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
     for m in (sep, tmha, c_attn, c_proj):
         m.to(device=weights.w_q.device, dtype=weights.w_q.dtype)
 
+    def loop_sdpa(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        heads = []
+        for i in range(h):  # SeparateHeadsAttention's loop, with SDPA in place of attnlib.attention
+            q_i, k_i, v_i = x @ sep.w_q[i], x @ sep.w_k[i], x @ sep.w_v[i]  # (B, n, d_k)
+            if sep.b_q is not None:
+                q_i, k_i, v_i = q_i + sep.b_q[i], k_i + sep.b_k[i], v_i + sep.b_v[i]  # type: ignore[index]
+            heads.append(F.scaled_dot_product_attention(q_i, k_i, v_i))  # (B, n, d_k)
+        out = torch.cat(heads, dim=-1) @ sep.w_o  # (B, n, d)
+        return (out if sep.b_o is None else out + sep.b_o), None
+
     def packed(x: Tensor) -> tuple[Tensor, Tensor | None]:
         q, k, v = (_split_heads(t, h) for t in c_attn(x).split(d, dim=2))  # (B, h, n, d_k)
         att = torch.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d_k)), dim=-1)  # (B, h, n, n)
@@ -168,6 +184,7 @@ def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
 
     return {
         "per_head_loop": Variant(lambda x: sep(x, x, x, need_weights=False), list(sep.parameters()), [sep]),
+        "per_head_loop_sdpa": Variant(loop_sdpa, list(sep.parameters()), [sep]),
         "attnlib": Variant(lambda x: mha(x, x, x, need_weights=True), list(mha.parameters()), [mha]),
         "attnlib_noweights": Variant(lambda x: mha(x, x, x, need_weights=False), list(mha.parameters()), [mha]),
         "packed_qkv": Variant(packed, [*c_attn.parameters(), *c_proj.parameters()], [c_attn, c_proj]),

@@ -71,8 +71,8 @@ def _toc_pages() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Build the book into a temporary folder and serve it on 127.0.0.1."""
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the book into a temporary folder; the folder of its HTML."""
     _require_browser()
     out = tmp_path_factory.mktemp("book")
     exe = Path(sys.executable).parent / "jupyter-book"
@@ -81,7 +81,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cmd = [jb, "build", str(ROOT), "--path-output", str(out), "-W", "-n", "--keep-going"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    html = out / "_build" / "html"
+    return out / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def site(built: Path) -> Iterator[str]:
+    """The built book, served on 127.0.0.1."""
+    html = built
     handler = functools.partial(QuietHandler, directory=str(html))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -301,3 +307,199 @@ def test_missing_browser_skips_with_install_hint_or_fails_in_ci(monkeypatch: pyt
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="apt-get install chromium"):
         _require_browser()
+
+
+# ---- interactive figures (attnlib/explorers.py, _static/explorers.js) ----------------------
+# Every element with data-explorer="<name>" on every page: it starts (the static PNG
+# is replaced by a drawing), its controls are native and labelled, and operating each
+# control, by keyboard and by mouse, changes the figure; its labels stay readable in
+# light and dark mode; and it works from file:// with no server.
+
+_EXPLORER_STATE = """root => ({
+    ready: root.classList.contains('explorer-ready'),
+    fallbacks: root.querySelectorAll('.explorer-fallback').length,
+    figure: [...root.querySelectorAll('svg.explorer-figure')].map(s => s.outerHTML).join('\\n'),
+    controls: [...root.querySelectorAll('select, input, button, textarea')].map(c => ({
+        tag: c.tagName.toLowerCase(), type: c.type, id: c.id, tabIndex: c.tabIndex,
+        label: (c.getAttribute('aria-label') || (c.id && root.querySelector(`label[for="${c.id}"]`)
+                || {textContent: ''}).textContent || (c.closest('label') || {textContent: ''}).textContent).trim(),
+        nOptions: c.options ? c.options.length : 0, value: c.value, min: c.min, max: c.max,
+        pressed: c.getAttribute('aria-pressed')})),
+})"""
+
+
+def _explorer_pages(site: str) -> dict[str, list[str]]:
+    """Page name -> ids of its explorers, read from the served HTML."""
+    found: dict[str, list[str]] = {}
+    for name in PAGES:
+        with urllib.request.urlopen(urljoin(site, f"{name}.html")) as response:
+            text = response.read().decode("utf-8")
+        roots = re.findall(r'<[^>]*\bdata-explorer="[^"]+"[^>]*>', text)
+        ids = [re.search(r'\bid="([^"]+)"', r) for r in roots]
+        assert all(ids), f"{name}: an explorer root without an id: {roots}"
+        if ids:
+            found[name] = [m.group(1) for m in ids if m]
+    return found
+
+
+_FIGURE = "root => [...root.querySelectorAll('svg.explorer-figure')].map(s => s.outerHTML).join('\\n')"
+_CONTROLS = "root => [...root.querySelectorAll('select, input, button, textarea')]"
+
+
+def _operate_every_control(page: object, root_id: str) -> list[str]:
+    """Operate each control of one explorer by keyboard and by mouse; return what failed."""
+    root = page.locator(f"#{root_id}")  # type: ignore[attr-defined]
+    failed: list[str] = []
+
+    def check(what: str, action: object) -> None:
+        before = root.evaluate(_FIGURE)
+        action()  # type: ignore[operator]
+        if root.evaluate(_FIGURE) == before:
+            failed.append(f"{root_id}: {what} did not change the figure")
+
+    def nth(i: int) -> object:
+        # found again each time: a control may rebuild others (the sentence, the tokens)
+        return root.locator("select, input, button, textarea").nth(i)
+
+    def value(i: int) -> str:
+        return root.evaluate(f"r => ({_CONTROLS})(r)[{i}].value")  # type: ignore[no-any-return]
+
+    def pressed(i: int) -> bool:
+        return root.evaluate(f"r => ({_CONTROLS})(r)[{i}].getAttribute('aria-pressed') === 'true'")  # type: ignore[no-any-return]
+
+    controls = root.evaluate(_EXPLORER_STATE)["controls"]
+    buttons = [i for i, c in enumerate(controls) if c["tag"] == "button"]
+    for i, c in enumerate(controls):
+        what = f"{c['tag']} {c['id'] or c['label']!r}"
+        if c["tag"] == "select":
+            key = "ArrowUp" if value(i) == str(c["nOptions"] - 1) else "ArrowDown"
+            check(f"{what} by keyboard ({key})", lambda: (nth(i).focus(), page.keyboard.press(key)))  # type: ignore[attr-defined]
+            other = "0" if value(i) != "0" else "1"
+            # a native <select> opens a popup drawn outside the page; choosing from it is
+            # what select_option does (the same input and change events as a click)
+            check(f"{what} by mouse", lambda: nth(i).select_option(other))  # type: ignore[attr-defined]
+        elif c["tag"] == "input" and c["type"] == "range":
+            key = "Home" if value(i) == c["max"] else "End"
+            check(f"{what} by keyboard ({key})", lambda: (nth(i).focus(), page.keyboard.press(key)))  # type: ignore[attr-defined]
+            box = nth(i).bounding_box()  # type: ignore[attr-defined]
+            x = box["x"] + box["width"] * (0.5 if key == "Home" else 0.1)  # away from where it is
+            check(f"{what} by mouse", lambda: page.mouse.click(x, box["y"] + box["height"] / 2))  # type: ignore[attr-defined]
+        elif c["tag"] == "button":
+            another = next(j for j in buttons if j != i)
+            if len(buttons) > 1 and pressed(i):
+                nth(another).click()  # type: ignore[attr-defined]
+            check(f"{what} by mouse", lambda: nth(i).click())  # type: ignore[attr-defined]
+            nth(another).click()  # type: ignore[attr-defined]
+
+            # from the control before it, Tab moves the focus onto it, Enter presses it
+            def tab_to() -> None:
+                nth(i - 1).focus()  # type: ignore[attr-defined]
+                page.keyboard.press("Tab")  # type: ignore[attr-defined]
+                page.keyboard.press("Enter")  # type: ignore[attr-defined]
+
+            check(f"{what} by keyboard (Tab, Enter)", tab_to)
+            if not pressed(i):
+                failed.append(f"{root_id}: {what}: Tab and Enter did not select it")
+        else:
+            failed.append(f"{root_id}: unexpected control {what}")
+    return failed
+
+
+def _contrast(a: list[float], b: list[float]) -> float:
+    def lum(c: list[float]) -> float:
+        ch = [v / 255 for v in c[:3]]
+        lin = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in ch]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+_COLOURS = """root => {
+    const rgb = s => (s.match(/[\\d.]+/g) || []).map(Number);
+    let bg = root, colour = getComputedStyle(root).backgroundColor;
+    while (bg && (rgb(colour).length === 4 && rgb(colour)[3] === 0 || colour === 'transparent')) {
+        bg = bg.parentElement; colour = bg ? getComputedStyle(bg).backgroundColor : 'rgb(255, 255, 255)';
+    }
+    const text = root.querySelector('svg text.explorer-label');
+    return {background: rgb(colour), text: rgb(getComputedStyle(text).fill),
+            label: rgb(getComputedStyle(root.querySelector('label')).color)};
+}"""
+
+
+@pytest.fixture(scope="module")
+def explorer_pages(site: str) -> dict[str, list[str]]:
+    return _explorer_pages(site)
+
+
+def test_the_book_has_its_explorers(explorer_pages: dict[str, list[str]]) -> None:
+    """Guards the tests below against passing on a book without interactive figures."""
+    names = [i for ids in explorer_pages.values() for i in ids]
+    assert "explorer-sharpness" in names and "explorer-heads" in names, explorer_pages
+    assert len(names) == len(set(names))
+
+
+def test_every_explorer_starts_with_labelled_native_controls_that_change_the_figure(  # noqa: C901
+        browser: object, site: str, explorer_pages: dict[str, list[str]]) -> None:
+    failed: list[str] = []
+    for name, ids in explorer_pages.items():
+        for width in (1280,):  # phone width: test_phone_width_has_no_horizontal_scroll
+            visit = PageVisit(browser, urljoin(site, f"{name}.html"), width=width).ready()
+            try:
+                for root_id in ids:
+                    root = visit.page.locator(f"#{root_id}")
+                    root.scroll_into_view_if_needed()
+                    visit.page.wait_for_function(
+                        "id => document.getElementById(id).classList.contains('explorer-ready')",
+                        arg=root_id, timeout=10000)
+                    st = root.evaluate(_EXPLORER_STATE)
+                    assert st["fallbacks"] == 0, f"{name}: {root_id} still shows its static fallback"
+                    assert st["figure"], f"{name}: {root_id} draws no svg.explorer-figure"
+                    kinds = {c["tag"] for c in st["controls"]}
+                    assert kinds & {"select", "input"}, f"{name}: {root_id} has no select or slider"
+                    for c in st["controls"]:
+                        assert c["tag"] in ("select", "input", "button"), f"{root_id}: {c}"
+                        assert c["tag"] != "input" or c["type"] == "range", f"{root_id}: {c}"
+                        assert c["label"], f"{name}: {root_id}: a control without a label: {c}"
+                        assert c["tabIndex"] >= 0, f"{name}: {root_id}: not reachable by Tab: {c}"
+                    failed += [f"{name} @{width}px: {f}" for f in _operate_every_control(visit.page, root_id)]
+                    # light and dark: labels keep a contrast of at least 4.5:1 (WCAG AA)
+                    for theme in ("light", "dark"):
+                        visit.page.evaluate(f"document.documentElement.dataset.theme = '{theme}'")
+                        c = root.evaluate(_COLOURS)
+                        for what in ("text", "label"):
+                            ratio = _contrast(c[what], c["background"])
+                            assert ratio >= 4.5, f"{name} ({theme}): {root_id} {what} contrast {ratio:.1f}: {c}"
+                assert not visit.errors, f"{name}: console errors: {visit.errors[:5]}"
+                assert not visit.external, f"{name}: requests off 127.0.0.1: {visit.external[:5]}"
+            finally:
+                visit.close()
+    assert not failed, "\n".join(failed)
+
+
+def test_explorers_work_from_file_urls(browser: object, built: Path,
+                                       explorer_pages: dict[str, list[str]]) -> None:
+    """Opened straight from the disk (file://), with no server, every explorer starts
+    and responds, and nothing is requested from anywhere else."""
+    for name, ids in explorer_pages.items():
+        page = browser.new_page()  # type: ignore[attr-defined]
+        errors: list[str] = []
+        requests: list[str] = []
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        try:
+            page.goto((built / f"{name}.html").as_uri(), wait_until="load")
+            for root_id in ids:
+                page.wait_for_function(
+                    "id => document.getElementById(id).classList.contains('explorer-ready')",
+                    arg=root_id, timeout=10000)
+                root = page.locator(f"#{root_id}")
+                before = root.evaluate(_EXPLORER_STATE)["figure"]
+                root.locator('input[type="range"]').first.focus()
+                page.keyboard.press("Home")
+                assert root.evaluate(_EXPLORER_STATE)["figure"] != before, f"{name}: {root_id} from file://"
+            assert not errors, f"{name} from file://: console errors {errors[:5]}"
+            off = [u for u in requests if not u.startswith(("file://", "data:", "blob:"))]
+            assert not off, f"{name} from file://: requests off the disk: {off[:5]}"
+        finally:
+            page.close()

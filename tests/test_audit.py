@@ -1,0 +1,471 @@
+"""attnlib.audit: every bug of the catalogue, planted by hand, is named; right modules pass.
+
+The learner's module below is written from scratch with ``nn.Linear`` layers, ``masked_fill`` and
+``softmax``, as a tutorial would, and uses nothing from attnlib. Each bug is a small mixin that
+overrides one step with the wrong line, so that two bugs combine by inheritance.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+from attnlib import MultiHeadAttention, SeparateHeadsAttention
+from attnlib.audit import BUGS, PAIRS, AuditReport, diagnose, planted, probe_inputs
+from attnlib.interop import read_separate_linear, read_torch_mha, write_separate_linear
+
+SETTINGS = settings(max_examples=20, deadline=None)
+CONFLICTS = [{"missing_scale", "scale_by_d_model"}, {"mask_ignored", "mask_fill_zero", "mask_after_softmax"}]
+# A pair whose outputs equal one of its bugs alone: an ignored mask has no polarity.
+DEGENERATE = {frozenset({"mask_inverted", "mask_ignored"}): ("mask_ignored",)}
+
+
+# ---- a learner's module, written from scratch ------------------------------------------
+
+
+class Scratch(nn.Module):
+    """Multi-head self-attention as a from-scratch tutorial writes it (mask: True = may attend)."""
+
+    def __init__(self, d_model: int, h: int) -> None:
+        super().__init__()
+        self.h, self.d_k = h, d_model // h
+        self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def split(self, t: Tensor) -> Tensor:
+        B, n, _ = t.shape
+        return t.view(B, n, self.h, self.d_k).transpose(1, 2)  # (B, h, n, d_k)
+
+    def merge(self, t: Tensor) -> Tensor:
+        B, _, n, _ = t.shape
+        return t.transpose(1, 2).reshape(B, n, self.h * self.d_k)  # (B, n, d)
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        return q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, n, n)
+
+    def blocked(self, mask: Tensor) -> Tensor:
+        return ~mask
+
+    def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+        return scores.masked_fill(blocked, float("-inf"))
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        return scores.softmax(dim=-1)
+
+    def after(self, weights: Tensor, blocked: Tensor) -> Tensor:
+        return weights
+
+    def values(self, x: Tensor) -> Tensor:
+        return self.W_v(x)
+
+    def output(self, concat: Tensor) -> Tensor:
+        return self.W_o(concat)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        q, k, v = self.split(self.W_q(x)), self.split(self.W_k(x)), self.split(self.values(x))
+        scores = self.scores(q, k)
+        if mask is not None:
+            blocked = self.blocked(mask)
+            weights = self.after(self.softmax(self.fill(scores, blocked)), blocked)
+        else:
+            weights = self.softmax(scores)
+        return self.output(self.merge(weights @ v))
+
+
+class MissingScale(Scratch):
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        return q @ k.transpose(-2, -1)
+
+
+class ScaleByDModel(Scratch):
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        return q @ k.transpose(-2, -1) / math.sqrt(self.h * self.d_k)
+
+
+class SoftmaxWrongAxis(Scratch):
+    def softmax(self, scores: Tensor) -> Tensor:
+        return scores.softmax(dim=-2)
+
+
+class SplitWithoutTranspose(Scratch):
+    def split(self, t: Tensor) -> Tensor:
+        B, n, _ = t.shape
+        return t.view(B, self.h, n, self.d_k)
+
+
+class MergeWithoutTranspose(Scratch):
+    def merge(self, t: Tensor) -> Tensor:
+        B, _, n, _ = t.shape
+        return t.reshape(B, n, self.h * self.d_k)
+
+
+class MaskInverted(Scratch):
+    def blocked(self, mask: Tensor) -> Tensor:
+        return mask
+
+
+class MaskIgnored(Scratch):
+    def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+        scores.masked_fill(blocked, float("-inf"))  # result thrown away
+        return scores
+
+
+class MissingOutputProjection(Scratch):
+    def output(self, concat: Tensor) -> Tensor:
+        return concat
+
+
+class WeightsTransposed(Scratch):
+    """Built correctly; :func:`learner` then copies each paper-orientation W into nn.Linear as is."""
+
+
+class MaskFillZero(Scratch):
+    def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+        return scores.masked_fill(blocked, 0.0)
+
+
+class MaskAfterSoftmax(Scratch):
+    def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+        return scores
+
+    def after(self, weights: Tensor, blocked: Tensor) -> Tensor:
+        return weights.masked_fill(blocked, 0.0)
+
+
+class ValueUsesKeyWeights(Scratch):
+    def values(self, x: Tensor) -> Tensor:
+        return self.W_k(x)
+
+
+PLANTED: dict[str, type[Scratch]] = {
+    "missing_scale": MissingScale,
+    "scale_by_d_model": ScaleByDModel,
+    "softmax_wrong_axis": SoftmaxWrongAxis,
+    "split_without_transpose": SplitWithoutTranspose,
+    "merge_without_transpose": MergeWithoutTranspose,
+    "mask_inverted": MaskInverted,
+    "mask_ignored": MaskIgnored,
+    "missing_output_projection": MissingOutputProjection,
+    "weights_transposed": WeightsTransposed,
+    "mask_fill_zero": MaskFillZero,
+    "mask_after_softmax": MaskAfterSoftmax,
+    "value_uses_key_weights": ValueUsesKeyWeights,
+}
+
+
+def reference(d_model: int = 12, h: int = 3, seed: int = 0, dtype: torch.dtype = torch.float32) -> MultiHeadAttention:
+    """A seeded reference with non-zero biases (so that the checks cover them)."""
+    torch.manual_seed(seed)
+    ref = MultiHeadAttention(d_model, h, dtype=dtype)
+    with torch.no_grad():
+        for b in (ref.b_q, ref.b_k, ref.b_v, ref.b_o):
+            b.normal_(0, 0.2)
+    return ref
+
+
+def learner(ref: MultiHeadAttention, *bugs: str) -> Scratch:
+    """A Scratch module with ``bugs`` planted, holding ``ref``'s weights (chapter 5's layouts)."""
+    bases = tuple(PLANTED[b] for b in bugs) or (Scratch,)
+    cls = type("Planted", bases, {}) if len(bases) > 1 else bases[0]
+    d_model = ref.w_q.shape[0]
+    module = cls(d_model, ref.num_heads).to(ref.w_q.dtype)
+    layers = write_separate_linear(ref.attention_weights())  # nn.Linear layout: weight = W.T
+    with torch.no_grad():
+        for role in "qkvo":
+            lin = getattr(module, f"W_{role}")
+            w = layers[role].weight
+            lin.weight.copy_(w.T if "weights_transposed" in bugs else w)  # the bug: W copied as is
+            lin.bias.copy_(layers[role].bias)
+    return module
+
+
+def compatible(a: str, b: str) -> bool:
+    return not any({a, b} <= group for group in CONFLICTS)
+
+
+# ---- every bug, every pair ---------------------------------------------------------------
+
+
+def test_every_bug_has_a_planted_module() -> None:
+    assert set(PLANTED) == set(BUGS)
+    assert all(isinstance(d, str) and d for d in BUGS.values())
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_each_bug_is_diagnosed(bug: str) -> None:
+    ref = reference()
+    report = diagnose(learner(ref, bug), ref)
+    assert not report.ok and report.max_error > 0.01
+    assert report.bugs == (bug,) and report.explanations == ((bug,),)
+    text = str(report)
+    assert text.startswith("WRONG") and bug in text and "look for" in text
+
+
+def test_the_engine_plants_the_same_bugs_as_the_hand_written_modules() -> None:
+    ref = reference()
+    x = torch.randn(2, 5, 12)
+    mask = torch.tensor([[1, 0, 0, 1, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 1], [0, 0, 1, 1, 0], [1, 0, 0, 1, 1]]).bool()
+    for bug in BUGS:
+        with torch.no_grad():
+            torch.testing.assert_close(planted(ref, bug)(x, mask), learner(ref, bug)(x, mask))
+
+
+def test_every_compatible_pair_is_diagnosed() -> None:
+    ref = reference(d_model=8, h=2)
+    seen = 0
+    for a, b in itertools.combinations(BUGS, 2):
+        if not compatible(a, b):
+            with pytest.raises(ValueError, match="change the same step"):
+                planted(ref, a, b)
+            continue
+        report = diagnose(learner(ref, a, b), ref)
+        expected = DEGENERATE.get(frozenset({a, b}), (a, b))
+        assert not report.ok
+        assert report.explanations == (expected,), (a, b, report.explanations)
+        seen += 1
+    assert seen == len(PAIRS) == 62
+
+
+def test_diagnose_restores_the_number_of_threads() -> None:
+    ref = reference()
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def forward(x: Tensor, mask: Tensor | None) -> Tensor:
+        seen.append(torch.get_num_threads())
+        return planted(ref)(x, mask)
+
+    assert diagnose(forward, ref).ok
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    with pytest.raises(ValueError):
+        diagnose(lambda x, m: x[..., :1], ref)
+    assert torch.get_num_threads() == before
+
+
+def test_pairs_false_finds_no_pair() -> None:
+    ref = reference()
+    report = diagnose(learner(ref, "missing_scale", "mask_inverted"), ref, pairs=False)
+    assert not report.ok and report.bugs == ()
+
+
+# ---- right modules pass ---------------------------------------------------------------------
+
+
+def test_from_scratch_module_passes() -> None:
+    ref = reference()
+    report = diagnose(learner(ref), ref)
+    assert report.ok and report.bugs == () and report.max_error < 1e-5
+    assert str(report).startswith("OK")
+
+
+def test_large_negative_fill_passes() -> None:
+    class FillMinusBillion(Scratch):
+        def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+            return scores.masked_fill(blocked, -1e9)
+
+    ref = reference()
+    module = learner(ref)
+    other = FillMinusBillion(12, 3)
+    other.load_state_dict(module.state_dict())
+    assert diagnose(other, ref).ok
+
+
+def test_torch_multihead_attention_passes() -> None:
+    torch.manual_seed(1)
+    m = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    ref = MultiHeadAttention.from_weights(read_torch_mha(m), m.num_heads)
+
+    def forward(x: Tensor, mask: Tensor | None) -> Tensor:
+        return m(x, x, x, attn_mask=None if mask is None else ~mask, need_weights=False)[0]
+
+    assert diagnose(forward, ref).ok
+
+
+def test_separate_heads_attention_passes() -> None:
+    ref = reference()
+    sep = SeparateHeadsAttention.from_fused(ref)
+    assert diagnose(lambda x, m: sep(x, x, x, mask=m)[0], ref).ok
+
+
+def test_hugging_face_bert_self_attention_passes() -> None:
+    bert = pytest.importorskip("transformers.models.bert.modeling_bert")
+    from transformers import BertConfig
+
+    config = BertConfig(hidden_size=16, num_attention_heads=4, intermediate_size=32, num_hidden_layers=1)
+    config._attn_implementation = "eager"
+    torch.manual_seed(2)
+    layer = bert.BertAttention(config).eval()
+    self_attn, dense = layer.self, layer.output.dense  # attention, then W^O (before dropout, LayerNorm)
+    pair = lambda lin: (lin.weight, lin.bias)  # noqa: E731
+    ref = MultiHeadAttention.from_weights(
+        read_separate_linear(pair(self_attn.query), pair(self_attn.key), pair(self_attn.value), pair(dense)),
+        config.num_attention_heads,
+    )
+
+    def forward(x: Tensor, mask: Tensor | None) -> Tensor:
+        additive = None
+        if mask is not None:  # BERT adds the mask to the scores: 0 = may attend
+            additive = torch.zeros(mask.shape, dtype=x.dtype).masked_fill(~mask, torch.finfo(x.dtype).min)
+            additive = additive[None, None]  # (1, 1, n, n)
+        return dense(self_attn(x, attention_mask=additive)[0])
+
+    report = diagnose(forward, ref)
+    assert report.ok, str(report)
+
+
+# ---- what the report says when nothing fits, and honest limits ---------------------------
+
+
+def test_unexplained_module_is_wrong_with_no_bug() -> None:
+    class SigmoidWeights(Scratch):
+        def softmax(self, scores: Tensor) -> Tensor:
+            return torch.sigmoid(scores)
+
+    ref = reference()
+    module = learner(ref)
+    other = SigmoidWeights(12, 3)
+    other.load_state_dict(module.state_dict())
+    report = diagnose(other, ref)
+    assert not report.ok and report.bugs == () and report.explanations == ()
+    assert "no bug of the catalogue" in str(report)
+
+
+def test_wrong_only_with_a_mask_says_so() -> None:
+    class MaskTransposed(Scratch):
+        def blocked(self, mask: Tensor) -> Tensor:
+            return ~mask.T
+
+    ref = reference()
+    other = MaskTransposed(12, 3)
+    other.load_state_dict(learner(ref).state_dict())
+    report = diagnose(other, ref)
+    assert not report.ok and report.bugs == ()
+    assert report.errors["no mask"] < 1e-5 and report.errors["random mask"] > 0.01
+    assert "look at how the mask is applied" in str(report)
+
+
+def test_nan_and_inf_are_tolerated() -> None:
+    ref = reference()
+    report = diagnose(lambda x, m: torch.full_like(x, math.nan), ref)
+    assert not report.ok and report.max_error == math.inf and report.bugs == ()
+    assert "NaN or inf" in str(report)
+    one_inf = diagnose(lambda x, m: learner(ref)(x, m).index_fill(-1, torch.tensor([0]), math.inf), ref)
+    assert not one_inf.ok and one_inf.max_error == math.inf
+
+
+def test_one_head_makes_some_bugs_undetectable() -> None:
+    ref = reference(d_model=8, h=1)
+    report = diagnose(learner(ref, "scale_by_d_model"), ref)
+    assert report.ok  # with h = 1, d_k = d_model: the code is right for this layer
+    assert {"scale_by_d_model", "split_without_transpose", "merge_without_transpose"} <= set(report.undetectable)
+    assert "cannot be seen" in str(report) and "scale_by_d_model" in str(report)
+    assert diagnose(learner(reference(), "scale_by_d_model"), reference()).bugs == ("scale_by_d_model",)
+
+
+def test_indistinguishable_bugs_are_all_reported() -> None:
+    ref = reference()
+    with torch.no_grad():
+        ref.w_q.zero_()
+        ref.b_q.zero_()  # every score 0: an ignored mask == blocked scores set to 0
+    report = diagnose(learner(ref, "mask_ignored"), ref)
+    assert report.explanations == (("mask_ignored",), ("mask_fill_zero",))
+    assert report.bugs == ("mask_ignored",) and "cannot tell" in str(report)
+    assert set(report.undetectable) == {"missing_scale", "scale_by_d_model"}
+
+
+def test_float64_reference_and_rtol() -> None:
+    ref = reference(dtype=torch.float64)
+    report = diagnose(learner(ref), ref)
+    assert report.ok and report.rtol == pytest.approx(math.sqrt(torch.finfo(torch.float64).eps))
+    assert diagnose(learner(ref, "missing_scale"), ref, rtol=1e-6).bugs == ("missing_scale",)
+
+
+def test_probe_masks_have_an_allowed_and_a_blocked_key_in_every_row_and_column() -> None:
+    from attnlib.audit import _PROBE_SIZES, _probe_mask
+
+    g = torch.Generator().manual_seed(0)
+    for kind, _, n in _PROBE_SIZES * 20:
+        mask = _probe_mask(kind, n, g)
+        if mask is None:
+            continue
+        for m in (mask, mask.T):
+            assert m.any(dim=-1).all() and (~m).any(dim=-1).all(), (kind, m)
+        if kind == "causal":
+            assert not torch.triu(mask, diagonal=1).any()
+
+
+def test_probe_inputs_are_the_probes_diagnose_uses() -> None:
+    probes = probe_inputs(6, seed=3, dtype=torch.float64)
+    assert [kind for kind, _, _ in probes] == ["random mask", "causal", "no mask", "random mask", "no mask"]
+    for _, x, mask in probes:
+        assert x.dtype == torch.float64 and x.shape[-1] == 6
+        assert mask is None or mask.shape == (x.shape[1], x.shape[1])
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="d_model must be a positive int"):
+            probe_inputs(bad)  # type: ignore[arg-type]
+
+
+# ---- bad arguments ------------------------------------------------------------------------------
+
+
+def test_bad_arguments_raise_clear_errors() -> None:
+    ref = reference()
+    good = learner(ref)
+    with pytest.raises(TypeError, match="forward must be a callable"):
+        diagnose(3, ref)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="reference must be an attnlib.MultiHeadAttention"):
+        diagnose(good, nn.Linear(12, 12))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="returned a tuple"):
+        diagnose(lambda x, m: (good(x, m), None), ref)  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match="must return a torch.Tensor"):
+        diagnose(lambda x, m: x.tolist(), ref)  # type: ignore[arg-type,return-value]
+    with pytest.raises(ValueError, match=r"must return shape \(B, n, d_model\) = \(2, 5, 12\), got \(2, 5, 6\)"):
+        diagnose(lambda x, m: good(x, m)[..., :6], ref)
+    with pytest.raises(ValueError, match=r"reference.d_model = 8.*raised RuntimeError.*width"):
+        diagnose(good, reference(d_model=8, h=2))
+    with pytest.raises(ValueError, match="different outputs for the same input"):
+        diagnose(lambda x, m: good(x, m) + torch.rand(()), ref)
+    with pytest.raises(ValueError, match="rtol must be a positive number"):
+        diagnose(good, ref, rtol=0.0)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        diagnose(good, ref, seed=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="pairs must be a bool"):
+        diagnose(good, ref, pairs=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown bug 'softmax_twice'"):
+        planted(ref, "softmax_twice")
+    with pytest.raises(TypeError, match="reference must be"):
+        planted(good, "missing_scale")  # type: ignore[arg-type]
+
+
+def test_a_reference_with_another_forward_is_refused() -> None:
+    class Shifted(MultiHeadAttention):
+        def forward(self, query, key, value, mask=None, need_weights=True):  # type: ignore[no-untyped-def]
+            out, w = super().forward(query, key, value, mask, need_weights)
+            return out + 1.0, w
+
+    torch.manual_seed(0)
+    ref = Shifted(12, 3)
+    with pytest.raises(RuntimeError, match="disagrees with reference.forward"):
+        diagnose(lambda x, m: x, ref)
+
+
+# ---- properties over sizes and seeds ---------------------------------------------------------------
+
+
+@SETTINGS
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**16), st.sampled_from(list(BUGS)))
+def test_property_planted_bug_is_found_or_honestly_undetectable(h: int, d_k: int, seed: int, bug: str) -> None:
+    ref = reference(d_model=h * d_k, h=h, seed=seed)
+    right = diagnose(learner(ref), ref, seed=seed, pairs=False)
+    assert right.ok
+    report = diagnose(learner(ref, bug), ref, seed=seed, pairs=False)
+    assert isinstance(report, AuditReport)
+    if bug in right.undetectable:
+        assert report.ok
+    else:
+        assert not report.ok and (bug,) in report.explanations, (h, d_k, seed, bug, report.explanations)

@@ -1,0 +1,188 @@
+"""Tests for attnlib.recall: the phone-book task, the one-head model and its training."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from attnlib import attention
+from attnlib.lowrank import ov_circuit, qk_circuit
+from attnlib.recall import PhoneBookTask, RecallHead, block_fractions, train_recall
+
+F64 = torch.float64
+FAST = settings(max_examples=20, deadline=None)
+TASK = PhoneBookTask(n_names=6, n_numbers=4, n_pairs=3)
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- the task -------------------------------------------------------------------
+def test_task_blocks_and_embedding() -> None:
+    assert TASK.d_model == 10
+    assert (TASK.key_block, TASK.value_block) == (slice(0, 6), slice(6, 10))
+    names = torch.tensor([[0, 5, 2]])
+    numbers = torch.tensor([[3, 0, 1]])
+    x = TASK.embed(names, numbers, dtype=F64)  # (1, 3, 10)
+    assert x.shape == (1, 3, 10) and x.dtype == F64
+    assert torch.equal(x[..., TASK.key_block].argmax(-1), names)
+    assert torch.equal(x[..., TASK.value_block].argmax(-1), numbers)
+    assert torch.equal(x.sum(-1), torch.full((1, 3), 2.0, dtype=F64))  # one name, one number
+    q = TASK.embed(torch.tensor([4]))  # a query: value block zero
+    assert q[0, 4] == 1 and q.sum() == 1
+
+
+def test_batch_asks_for_the_slot() -> None:
+    names = torch.tensor([[0, 5, 2], [1, 2, 3]])
+    numbers = torch.tensor([[3, 0, 1], [2, 2, 0]])
+    b = TASK.batch(names, numbers, torch.tensor([1, 2]))
+    assert b.context.shape == (2, 3, 10) and b.query.shape == (2, 1, 10)
+    assert b.target.tolist() == [0, 0]
+    assert b.query[:, 0, TASK.key_block].argmax(-1).tolist() == [5, 3]
+    assert b.query[:, 0, TASK.value_block].abs().sum() == 0
+
+
+@pytest.mark.parametrize("pairing", ["all", "even", "odd"])
+def test_sample(pairing: str) -> None:
+    b = TASK.sample(64, _gen(), pairing)  # type: ignore[arg-type]
+    assert all(len(set(row.tolist())) == TASK.n_pairs for row in b.names)  # distinct names
+    assert torch.equal(b.target, b.numbers[torch.arange(64), b.slot])
+    asked = b.context[torch.arange(64), b.slot].clone()  # (64, d_model): the queried pair
+    asked[:, TASK.value_block] = 0  # its name alone
+    assert torch.equal(b.query[:, 0], asked)
+    parity = (b.names + b.numbers) % 2
+    if pairing == "even":
+        assert (parity == 0).all()
+    elif pairing == "odd":
+        assert (parity == 1).all()
+    else:
+        assert 0 < parity.float().mean() < 1
+    again = TASK.sample(64, _gen(), pairing)  # type: ignore[arg-type]
+    assert torch.equal(again.context, b.context)  # the generator decides everything
+
+
+def test_task_errors() -> None:
+    with pytest.raises(ValueError, match=r"n_pairs \(7\) must be at most n_names \(6\)"):
+        PhoneBookTask(6, 4, 7)
+    with pytest.raises(ValueError, match="n_names must be a positive int, got 0"):
+        PhoneBookTask(0, 4, 1)
+    for bad in (True, 2.0):  # one rule across attnlib: a non-int is a TypeError
+        with pytest.raises(TypeError, match="n_names must be a positive int, got"):
+            PhoneBookTask(bad, 4, 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="n_numbers must be a positive int"):
+        PhoneBookTask(6, -1, 1)
+    with pytest.raises(TypeError, match="names must be a torch.long tensor of ids, got torch.float32"):
+        TASK.embed(torch.zeros(2))
+    with pytest.raises(TypeError, match="names must be a torch.long tensor of ids, got list"):
+        TASK.embed([0, 1])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"numbers must hold ids in 0 \.\. 3, got values in 0 \.\. 4"):
+        TASK.embed(torch.tensor([0, 1]), torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match=r"numbers must have the shape of names \(2,\), got \(3,\)"):
+        TASK.embed(torch.tensor([0, 1]), torch.tensor([0, 1, 2]))
+    names = torch.tensor([[0, 1, 2]])
+    with pytest.raises(ValueError, match=r"names must have shape \(B, n_pairs=3\), got \(1, 2\)"):
+        TASK.batch(names[:, :2], names[:, :2], torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"numbers must have shape \(B, n_pairs\) = \(1, 3\), got \(1, 2\)"):
+        TASK.batch(names, names[:, :2], torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"slot must have shape \(B,\) = \(1,\), got \(2,\)"):
+        TASK.batch(names, names, torch.tensor([0, 1]))
+    with pytest.raises(TypeError, match="slot must be a torch.long tensor of ids, got list"):
+        TASK.batch(names, names, [0])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"slot must hold ids in 0 \.\. 2, got values in 3 \.\. 3"):
+        TASK.batch(names, names, torch.tensor([3]))
+    with pytest.raises(ValueError, match="pairing must be 'all', 'even' or 'odd', got 'none'"):
+        TASK.sample(2, _gen(), "none")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pairing='even' needs an even n_numbers, got 3"):
+        PhoneBookTask(6, 3, 3).sample(2, _gen(), "even")
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        TASK.sample(0, _gen())
+
+
+# ---- the model --------------------------------------------------------------------
+@FAST
+@given(st.sampled_from([1, 2, 5, 10]), st.integers(0, 2**31 - 1))
+def test_head_is_one_attention_head(d_k: int, seed: int) -> None:
+    """The model equals head 0 written out with attnlib.attention and its weights."""
+    model = RecallHead(TASK.d_model, TASK.n_numbers, d_k, seed=seed, dtype=F64)
+    b = TASK.sample(5, _gen(seed), dtype=F64)
+    logits, weights = model(b.context, b.query)  # (5, 4), (5, 3)
+    h = model.attn.head(0)
+    out, w = attention(b.query @ h.w_q, b.context @ h.w_k, b.context @ h.w_v)  # (5, 1, d_k), (5, 1, 3)
+    assert_close(weights, w[:, 0])
+    assert_close(logits, (out[:, 0] @ h.w_o) @ model.readout.detach())
+    # the same through the circuits: scores x_q W^QK C^T / sqrt(d_k), output alpha C W^OV W^R
+    scores = qk_circuit(model.attn, 0).bilinear(b.query, b.context)[:, 0] / math.sqrt(d_k)  # (5, 3)
+    assert_close(weights, torch.softmax(scores, -1))
+    ov = ov_circuit(model.attn, 0).full()  # (d_model, d_model)
+    assert_close(logits, (weights.unsqueeze(1) @ b.context)[:, 0] @ ov @ model.readout.detach())
+
+
+def test_switched_off_heads_stay_zero_and_training_is_deterministic() -> None:
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    a = RecallHead(TASK.d_model, TASK.n_numbers, d_k=2, seed=3, dtype=F64)
+    assert torch.equal(torch.get_rng_state(), state)  # the global generator is untouched
+    assert a.d_k == 2 and a.attn.num_heads == 5
+    losses_a = train_recall(a, TASK, steps=5, batch_size=8)
+    for w in (a.attn.w_q_heads, a.attn.w_k_heads, a.attn.w_v_heads, a.attn.w_o_heads):
+        assert w[0].abs().sum() > 0 and (w[1:] == 0).all()
+    b = RecallHead(TASK.d_model, TASK.n_numbers, d_k=2, seed=3, dtype=F64)
+    assert losses_a == train_recall(b, TASK, steps=5, batch_size=8)
+    assert torch.equal(a.attn.w_q, b.attn.w_q)
+    ce = train_recall(RecallHead(TASK.d_model, TASK.n_numbers, 2, dtype=F64), TASK, steps=2, loss="cross_entropy")
+    assert len(ce) == 2 and all(math.isfinite(v) for v in ce)
+
+
+def test_a_small_head_learns() -> None:
+    task = PhoneBookTask(4, 2, 2)
+    model = RecallHead(task.d_model, task.n_numbers, d_k=6, dtype=F64)
+    losses = train_recall(model, task, steps=60, batch_size=64)
+    assert losses[-1] < 0.1 * losses[0]
+    assert model.accuracy(task.sample(200, _gen(9), dtype=F64)) > 0.95
+
+
+def test_model_and_training_errors() -> None:
+    with pytest.raises(ValueError, match=r"d_k \(3\) must divide d_model \(10\)"):
+        RecallHead(10, 4, 3)
+    with pytest.raises(ValueError, match="d_k must be a positive int, got 0"):
+        RecallHead(10, 4, 0)
+    model = RecallHead(10, 5, 2)
+    with pytest.raises(ValueError, match=r"model.readout must have shape \(d_model, n_numbers\) = \(10, 4\)"):
+        train_recall(model, TASK, steps=1)
+    with pytest.raises(ValueError, match="loss must be 'squared' or 'cross_entropy', got 'l1'"):
+        train_recall(RecallHead(10, 4, 2), TASK, steps=1, loss="l1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="steps must be a positive int, got 0"):
+        train_recall(RecallHead(10, 4, 2), TASK, steps=0)
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got -1"):
+        train_recall(RecallHead(10, 4, 2), TASK, batch_size=-1)
+    with pytest.raises(ValueError, match="n_numbers must be a positive int, got 0"):
+        RecallHead(10, 0, 2)
+    with pytest.raises(ValueError, match=r"query must have shape \(B, n_q, d_model=10\)"):
+        RecallHead(10, 4, 2)(torch.zeros(2, 3, 10), torch.zeros(2, 1, 9))
+
+
+# ---- block fractions --------------------------------------------------------------------
+@FAST
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**31 - 1))
+def test_block_fractions_tile_to_one(m: int, n: int, seed: int) -> None:
+    mat = torch.randn(m + 1, n + 1, generator=_gen(seed), dtype=F64)
+    rows, cols = [slice(0, m), slice(m, m + 1)], [slice(0, 1), slice(1, n + 1)]
+    f = block_fractions(mat, rows, cols)  # (2, 2)
+    assert f.shape == (2, 2) and (f >= 0).all()
+    assert_close(f.sum(), torch.tensor(1.0, dtype=F64))
+    assert_close(f[0, 1], mat[:m, 1:].square().sum() / mat.square().sum())
+
+
+def test_block_fractions_errors() -> None:
+    with pytest.raises(ValueError, match=r"matrix must have shape \(m, n\), got \(3,\)"):
+        block_fractions(torch.ones(3), [slice(0, 1)], [slice(0, 1)])
+    with pytest.raises(TypeError, match="matrix must be a torch.Tensor, got list"):
+        block_fractions([[1.0]], [slice(0, 1)], [slice(0, 1)])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="matrix is zero"):
+        block_fractions(torch.zeros(2, 2), [slice(0, 1)], [slice(0, 1)])
