@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlib._core import check_mask, check_positive_int, check_tensor, format_shape
@@ -589,7 +590,9 @@ class LatentAttention(nn.Module):
     - ``mask``: bool, broadcastable to ``(B, h, t, t)``; not allowed with ``cache``
     - ``cache``: a :class:`LatentCache`; the call appends the ``t`` new tokens and attends
       causally over all cached positions (positions continue from ``len(cache)``)
-    - ``out``: ``(B, t, d_model)``; ``weights``: ``(B, h, t, n_k)`` or ``None``
+    - ``out``: ``(B, t, d_model)``; ``weights``: ``(B, h, t, n_k)``, or ``None`` when
+      ``need_weights=False``, which takes PyTorch's fused ``scaled_dot_product_attention``
+      (absorbed: one shared key ``[c_j | k^R_j]`` and value ``c_j`` for all heads)
 
     Initialisation: each matrix Xavier-uniform.
     """
@@ -697,27 +700,62 @@ class LatentAttention(nn.Module):
             mask = causal_mask(t, past + t, device=x.device)  # (t, n)
         n = c.shape[1]
         scale = 1.0 / math.sqrt(d_k + d_r)
-        # The rotary key and (absorbed) the latent are shared by all heads, so the heads'
-        # queries are stacked as rows of one (B, h*t, .) matrix, as in multi-query attention.
-        rope_scores = (q_r.reshape(B, h * t, d_r) @ k_r.transpose(1, 2)).view(B, h, t, n)  # (B, h, t, n)
-        if absorb:
-            q_lat = torch.einsum("bhtd,chd->bhtc", q_c, self.w_uk.view(d_c, h, d_k))  # (B, h, t, d_c): q^C_i W^UK_i^T
-            scores = (q_lat.reshape(B, h * t, d_c) @ c.transpose(1, 2)).view(B, h, t, n)  # latents read directly
+        weights: Tensor | None = None
+        if not need_weights:
+            heads = self._fused(q_c, q_r, c, k_r, mask, absorb, scale)  # (B, h, t, d_v)
         else:
-            k_c = (c @ self.w_uk).view(B, n, h, d_k).transpose(1, 2)  # (B, h, n, d_k)
-            scores = q_c @ k_c.transpose(-2, -1)  # (B, h, t, n)
-        scores = (scores + rope_scores) * scale  # (B, h, t, n)
-        weights = masked_softmax(scores, mask)  # (B, h, t, n); plain softmax when mask is None
-        if absorb:
-            mixed = (weights.reshape(B, h * t, n) @ c).view(B, h, t, d_c)  # a mixture of latents per head
-            # through W^UV_i W^O_i = w_o_absorbed[i], applied as two small products (cheaper
-            # than forming the (d_c, d_model) products when t is small)
-            heads = torch.einsum("bhtc,chv->bhtv", mixed, self.w_uv.view(d_c, h, d_v))  # (B, h, t, d_v)
-        else:
-            v = (c @ self.w_uv).view(B, n, h, d_v).transpose(1, 2)  # (B, h, n, d_v)
-            heads = weights @ v  # (B, h, t, d_v)
+            # The rotary key and (absorbed) the latent are shared by all heads, so the heads'
+            # queries are stacked as rows of one (B, h*t, .) matrix, as in multi-query attention.
+            rope_scores = (q_r.reshape(B, h * t, d_r) @ k_r.transpose(1, 2)).view(B, h, t, n)  # (B, h, t, n)
+            if absorb:
+                q_lat = torch.einsum("bhtd,chd->bhtc", q_c, self.w_uk.view(d_c, h, d_k))  # q^C_i W^UK_i^T
+                scores = (q_lat.reshape(B, h * t, d_c) @ c.transpose(1, 2)).view(B, h, t, n)  # latents read directly
+            else:
+                k_c = (c @ self.w_uk).view(B, n, h, d_k).transpose(1, 2)  # (B, h, n, d_k)
+                scores = q_c @ k_c.transpose(-2, -1)  # (B, h, t, n)
+            scores = (scores + rope_scores) * scale  # (B, h, t, n)
+            weights = masked_softmax(scores, mask)  # (B, h, t, n); plain softmax when mask is None
+            if absorb:
+                mixed = (weights.reshape(B, h * t, n) @ c).view(B, h, t, d_c)  # a mixture of latents per head
+                # through W^UV_i W^O_i = w_o_absorbed[i], applied as two small products (cheaper
+                # than forming the (d_c, d_model) products when t is small)
+                heads = torch.einsum("bhtc,chv->bhtv", mixed, self.w_uv.view(d_c, h, d_v))  # (B, h, t, d_v)
+            else:
+                v = (c @ self.w_uv).view(B, n, h, d_v).transpose(1, 2)  # (B, h, n, d_v)
+                heads = weights @ v  # (B, h, t, d_v)
         out = heads.transpose(1, 2).reshape(B, t, h * d_v) @ self.w_o  # (B, t, d_model)
-        return out, (weights if need_weights else None)
+        return out, weights
+
+    def _fused(
+        self, q_c: Tensor, q_r: Tensor, c: Tensor, k_r: Tensor, mask: Tensor | None, absorb: bool, scale: float
+    ) -> Tensor:
+        """The ``need_weights=False`` path: PyTorch's ``scaled_dot_product_attention`` on
+        queries ``[q^C | q^R]`` and keys ``[k^C | k^R]`` (width ``d_k + d_r``), or, absorbed,
+        ``[q^C W^UK^T | q^R]`` against the shared ``[c | k^R]`` (width ``d_c + d_r``) with the
+        latents as values: one key/value head for all query heads, whose ``h*t`` queries are
+        stacked as rows. Returns ``(B, h, t, d_v)``."""
+        B, h, t, _ = q_c.shape
+        n, d_c, d_k, d_v = c.shape[1], self.d_c, self.d_k, self.d_v
+        if mask is not None and mask.dim() == 1:
+            mask = mask.unsqueeze(0)  # (n,) -> (1, n): SDPA rejects a 1-D mask
+        if absorb:
+            q_lat = torch.einsum("bhtd,chd->bhtc", q_c, self.w_uk.view(d_c, h, d_k))  # (B, h, t, d_c)
+            # one key/value head: the h heads' queries become h*t rows against the shared keys
+            q = torch.cat([q_lat, q_r], dim=-1).reshape(B, 1, h * t, d_c + self.d_r)  # (B, 1, h*t, d_c + d_r)
+            k = torch.cat([c, k_r], dim=-1)[:, None]  # (B, 1, n, d_c + d_r)
+            v = c[:, None]  # (B, 1, n, d_c): the latents themselves
+            if mask is not None:
+                while mask.dim() < 4:
+                    mask = mask.unsqueeze(0)  # -> (B or 1, h or 1, t or 1, n)
+                mask = mask.expand(mask.shape[0], h, t, n).reshape(mask.shape[0], 1, h * t, n)
+            mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, 1, h*t, d_c)
+            mixed = mixed.view(B, h, t, d_c)  # (B, h, t, d_c)
+            return torch.einsum("bhtc,chv->bhtv", mixed, self.w_uv.view(d_c, h, d_v))  # (B, h, t, d_v)
+        k_c = (c @ self.w_uk).view(B, n, h, d_k).transpose(1, 2)  # (B, h, n, d_k)
+        q = torch.cat([q_c, q_r], dim=-1)  # (B, h, t, d_k + d_r)
+        k = torch.cat([k_c, k_r[:, None].expand(B, h, n, self.d_r)], dim=-1)  # (B, h, n, d_k + d_r)
+        v = (c @ self.w_uv).view(B, n, h, d_v).transpose(1, 2)  # (B, h, n, d_v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, h, t, d_v)
 
     def extra_repr(self) -> str:
         return (

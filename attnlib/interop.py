@@ -398,6 +398,7 @@ __all__ += [
 # from) attnlib.decoding.GroupedAttentionWeights; MultiHeadAttention.from_grouped_weights
 # builds the module.
 
+from attnlib._core import check_positive_int  # noqa: E402
 from attnlib.decoding import GroupedAttentionWeights  # noqa: E402
 
 __all__ += ["GroupedAttentionWeights", "read_llama", "write_llama"]
@@ -447,6 +448,8 @@ def read_llama(
         if not isinstance(layer, nn.Linear):
             raise TypeError(f"attn.{name} must be an nn.Linear, got {type(layer).__name__}")
         layers[name] = layer
+    if num_heads is not None:
+        check_positive_int("num_heads", num_heads)
     config = getattr(attn, "config", None)
     if config is not None:
         h_cfg = int(config.num_attention_heads)
@@ -484,8 +487,10 @@ def read_llama(
     if num_heads is None:
         raise ValueError("num_heads must be given when attn has no config")
     w_q = layers["q_proj"].weight.detach()  # (h*d_k, d)
-    d_k = w_q.shape[0] // num_heads if num_heads > 0 else 0
-    g = layers["k_proj"].out_features // d_k if d_k else 0
+    d_k = w_q.shape[0] // num_heads
+    if d_k == 0 or w_q.shape[0] % num_heads:
+        raise ValueError(f"q_proj has {w_q.shape[0]} outputs, not a multiple of num_heads={num_heads}")
+    g = max(1, layers["k_proj"].out_features // d_k)  # a misfit shows in GroupedAttentionWeights' check
     biases = {n: layers[f"{n}_proj"].bias for n in "qkvo"}
     any_bias = any(b is not None for b in biases.values())
 

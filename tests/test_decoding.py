@@ -164,15 +164,23 @@ def mla_cases(draw: st.DrawFn) -> tuple[LatentAttention, torch.Tensor]:
 
 
 @SETTINGS
-@given(mla_cases(), st.booleans())
-def test_mla_absorbed_equals_naive(case: tuple[LatentAttention, torch.Tensor], causal: bool) -> None:
+@given(mla_cases(), st.sampled_from(["none", "causal", "per_head"]))
+def test_mla_absorbed_equals_naive(case: tuple[LatentAttention, torch.Tensor], kind: str) -> None:
     mla, x = case
-    mask = causal_mask(x.shape[1]) if causal else None
+    B, t, _ = x.shape
+    mask = None if kind == "none" else causal_mask(t)
+    if kind == "per_head":  # (B, h, t, t), each row keeps its first key
+        mask = torch.rand(B, mla.num_heads, t, t, generator=torch.Generator().manual_seed(t)) < 0.5
+        mask[..., 0] = True
     out_n, w_n = mla(x, mask=mask)
     out_a, w_a = mla(x, mask=mask, absorb=True)
     assert out_n.shape == x.shape and w_n is not None and w_n.shape == (x.shape[0], mla.num_heads, x.shape[1], x.shape[1])
     torch.testing.assert_close(out_a, out_n, **TOL)
     torch.testing.assert_close(w_a, w_n, **TOL)
+    for absorb in (False, True):  # the fused path (SDPA) computes the same
+        out_f, w_f = mla(x, mask=mask, need_weights=False, absorb=absorb)
+        assert w_f is None
+        torch.testing.assert_close(out_f, out_n, **TOL)
 
 
 @SETTINGS
@@ -196,6 +204,17 @@ def test_mla_cached_decoding_equals_the_causal_pass(
     assert cache.nbytes == B * n * (mla.d_c + mla.d_r) * 8 == B * n * mla.cache_bytes_per_token()
     assert cache.latents is not None and cache.latents.shape == (B, n, mla.d_c)
     assert cache.rope_keys is not None and cache.rope_keys.shape == (B, n, mla.d_r)
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_mla_fused_cached_decoding_equals_the_causal_pass(absorb: bool) -> None:
+    mla = _mla(4)
+    x = _randn(2, 6, 12, seed=7)
+    full, _ = mla(x, mask=causal_mask(6))
+    cache = LatentCache()
+    outs = [mla(x[:, :2], need_weights=False, cache=cache, absorb=absorb)[0]]
+    outs += [mla(x[:, t : t + 1], need_weights=False, cache=cache, absorb=absorb)[0] for t in range(2, 6)]
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, **TOL)
 
 
 def test_mla_absorbed_matrices_are_the_products() -> None:

@@ -147,6 +147,12 @@ def test_read_llama_errors() -> None:
     attn.config.num_key_value_heads = 1
     with pytest.raises(ValueError, match="config.num_key_value_heads = 1"):
         read_llama(attn)
+    with pytest.raises(TypeError, match="num_heads must be a positive int, got bool True"):
+        read_llama(layers, num_heads=True)
+    with pytest.raises(ValueError, match="q_proj has 12 outputs, not a multiple of num_heads=5"):
+        read_llama(layers, num_heads=5)
+    with pytest.raises(ValueError, match=r"w_k must have shape \(12, 3\)"):
+        read_llama(layers, num_heads=4)  # d_k = 3: k_proj's 4 outputs are no whole number of heads
     with pytest.raises(TypeError, match="weights must be a GroupedAttentionWeights"):
         write_llama(object())  # type: ignore[arg-type]
 
