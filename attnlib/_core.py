@@ -16,9 +16,11 @@
   orientation, with :class:`Biases` (all four or none) and the packing of
   ``[W^Q | W^K | W^V]`` (:func:`pack_qkv`, :func:`split_qkv`).
 
-Every other module imports from here, and imports only point down the chapters:
-``attention`` and ``interop`` use ``_core`` alone; ``multihead`` uses ``attention``;
-``lowrank`` uses ``multihead``; ``pretrained`` uses ``interop`` and ``multihead``.
+Every other module imports from here, and the imports form layers with no cycle:
+``attention`` uses ``_core``; ``decoding`` (RoPE, the caches, grouped weights) uses
+``attention``; ``multihead`` uses ``attention`` and ``decoding``; ``interop`` uses
+``_core`` and ``decoding``; ``lowrank``, ``recall`` and ``audit`` use ``multihead``;
+``pretrained`` uses ``interop`` and ``multihead``; ``explorers`` uses ``lowrank``.
 """
 
 from __future__ import annotations

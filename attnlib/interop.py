@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from attnlib._core import (
     AttentionWeights,
+    check_positive_int,
     check_tensor,
     format_shape,
     pack_qkv,
@@ -39,6 +40,7 @@ from attnlib._core import (
     split_qkv,
     write_torch_mha,
 )
+from attnlib.decoding import GroupedAttentionWeights
 
 __all__ = [
     "AttentionWeights",
@@ -397,9 +399,6 @@ __all__ += [
 # Llama's layer: four nn.Linear, grouped keys and values, RoPE. Read into (and written
 # from) attnlib.decoding.GroupedAttentionWeights; MultiHeadAttention.from_grouped_weights
 # builds the module.
-
-from attnlib._core import check_positive_int  # noqa: E402
-from attnlib.decoding import GroupedAttentionWeights  # noqa: E402
 
 __all__ += ["GroupedAttentionWeights", "read_llama", "write_llama"]
 
