@@ -380,18 +380,9 @@ class MultiHeadAttention(nn.Module):
                 f"num_kv_heads={self.num_kv_heads} < num_heads={self.num_heads}; use grouped_weights()"
             )
 
-        def c(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.detach().clone()
-
+        g = self.grouped_weights()  # detached copies
         return AttentionWeights(
-            w_q=self.w_q.detach().clone(),
-            w_k=self.w_k.detach().clone(),
-            w_v=self.w_v.detach().clone(),
-            w_o=self.w_o.detach().clone(),
-            b_q=c(self.b_q),
-            b_k=c(self.b_k),
-            b_v=c(self.b_v),
-            b_o=c(self.b_o),
+            w_q=g.w_q, w_k=g.w_k, w_v=g.w_v, w_o=g.w_o, b_q=g.b_q, b_k=g.b_k, b_v=g.b_v, b_o=g.b_o
         )
 
     @classmethod
