@@ -136,7 +136,7 @@ _CATALOGUE: tuple[Bug, ...] = (
         "scores = scores.masked_fill(~mask, float('-inf'))",
         {"mask_true": "blocked"},
         "auditing another library's layer through an adapter, the slip is usually the adapter's: "
-        "convert the mask there (torch.nn.MultiheadAttention's attn_mask takes True = blocked: pass ~mask).",
+        "convert the mask there (torch's attn_mask takes True = blocked: pass ~mask).",
     ),
     Bug(
         "mask_ignored",
@@ -425,7 +425,7 @@ class AuditReport:
         several = len(self.explanations) > 1
         if several:
             alts = "; ".join(" + ".join(e) for e in self.explanations)
-            lines.append(f"the probes cannot tell these explanations apart: {alts}; look for each")
+            lines.append(f"the probes cannot tell these explanations apart (look for each): {alts}")
         for i, explanation in enumerate(self.explanations, 1):
             for name in explanation:
                 bug = _BY_NAME[name]
