@@ -19,8 +19,9 @@ with a large negative number agree, also when the bug under test inverts the mas
 normalises over the wrong axis. The causal probe therefore uses a causal window of ``n - 1``
 keys: the last query cannot see key 0.
 
-A bug is one entry of the catalogue: a name, a description, the line to look for, the fix and
-the steps of the computation it changes (fields of :class:`_Recipe`).
+A bug is one entry of the catalogue: a name, a description, the line to look for, the fix, the
+steps of the computation it changes (fields of :class:`_Recipe`) and, for some, a note on where
+else the fix may belong (in an adapter around another library's layer, or in the loading code).
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class _Recipe:
     # multiply the concatenation by W^O (and add b^O)
     output_projection: bool = True
 
+    def effective(self) -> _Recipe:
+        """The same computation, with the fields it never reads set to their defaults."""
+        if self.mask_use == "ignored":  # an ignored mask has no polarity
+            return dataclasses.replace(self, mask_true="may attend")
+        return self
+
 
 @dataclass(frozen=True)
 class Bug:
@@ -77,9 +84,10 @@ class Bug:
 
     name: str
     description: str
-    look_for: str  # the wrong line, as learners write it
+    look_for: str  # the wrong line in its typical hand-written form
     fix: str  # the right line
     change: Mapping[str, object]  # the fields of _Recipe the mistake changes
+    note: str = ""  # where else the fix may belong (an adapter, the loading code)
 
     def recipe(self, base: _Recipe | None = None) -> _Recipe:
         return dataclasses.replace(base or _Recipe(), **self.change)  # type: ignore[arg-type]
@@ -127,6 +135,8 @@ _CATALOGUE: tuple[Bug, ...] = (
         "scores = scores.masked_fill(mask, float('-inf'))",
         "scores = scores.masked_fill(~mask, float('-inf'))",
         {"mask_true": "blocked"},
+        "auditing another library's layer through an adapter, the slip is usually the adapter's: "
+        "convert the mask there (torch's attn_mask takes True = blocked: pass ~mask).",
     ),
     Bug(
         "mask_ignored",
@@ -141,6 +151,8 @@ _CATALOGUE: tuple[Bug, ...] = (
         "return heads.transpose(1, 2).reshape(B, n, d_model)",
         "return self.W_o(heads.transpose(1, 2).reshape(B, n, d_model))",
         {"output_projection": False},
+        "auditing another library's layer through an adapter, the adapter may have left out the "
+        "library's output layer (BERT keeps W^O in BertSelfOutput's dense layer): apply it there.",
     ),
     Bug(
         "weights_transposed",
@@ -148,6 +160,8 @@ _CATALOGUE: tuple[Bug, ...] = (
         "layer.weight.copy_(W)   # or: x @ W.T",
         "layer.weight.copy_(W.T)   # nn.Linear computes x @ weight.T",
         {"projection": "x @ W.T"},
+        "a wrong load is seen only against a reference built from the weights you loaded from; "
+        "a reference read back from the module holds the same transposed weights and passes it.",
     ),
     Bug(
         "mask_fill_zero",
@@ -183,13 +197,19 @@ def _compatible(a: Bug, b: Bug) -> bool:
     return not set(a.change) & set(b.change)
 
 
+_SINGLES = {b.recipe().effective() for b in _CATALOGUE}
+
 _PAIRS: tuple[tuple[Bug, Bug], ...] = tuple(
-    (a, b) for a, b in itertools.combinations(_CATALOGUE, 2) if _compatible(a, b)
+    (a, b)
+    for a, b in itertools.combinations(_CATALOGUE, 2)
+    if _compatible(a, b) and b.recipe(a.recipe()).effective() not in _SINGLES
 )
 
 
 PAIRS: tuple[tuple[str, str], ...] = tuple((a.name, b.name) for a, b in _PAIRS)
-"""The pairs of bugs :func:`diagnose` tries: every two that change different steps."""
+"""The pairs of bugs :func:`diagnose` tries: every two that change different steps, except a
+pair that computes what one bug computes alone (``mask_inverted`` with ``mask_ignored``: an
+ignored mask has no polarity)."""
 
 
 # ---- the (possibly buggy) layer, built from attnlib's pieces ---------------------
@@ -363,10 +383,12 @@ class AuditReport:
     """What :func:`diagnose` found.
 
     - ``ok``: your outputs match the reference's to within ``rtol`` on every probe.
-    - ``bugs``: the simplest explanation found (one bug or a pair); empty when ``ok`` or when
-      nothing in the catalogue explains your outputs.
-    - ``explanations``: every explanation of that size that fits equally well (more than one
-      when the probes cannot tell the bugs apart for this reference).
+    - ``bugs``: the explanation found (one bug or a pair) when exactly one fits; empty when
+      ``ok``, when nothing in the catalogue explains your outputs, and when several
+      explanations fit equally well (then read ``explanations``).
+    - ``explanations``: every explanation of the smallest size that fits (more than one when
+      the probes cannot tell the bugs apart for this reference; ``str(report)`` then gives the
+      line to look for of each).
     - ``max_error``: the worst relative error over all probes (``inf`` for NaN or inf).
     - ``errors``: the worst relative error per kind of probe (``"no mask"``, ``"causal"``,
       ``"random mask"``).
@@ -386,26 +408,32 @@ class AuditReport:
     def __str__(self) -> str:
         if self.ok:
             lines = [f"OK: matches the reference to within {_fmt(self.rtol)} (relative) on every probe"]
-            if self.undetectable:
-                lines.append(
-                    f"note: with h = {self.num_heads} and these weights, these bugs compute the same "
-                    f"numbers and cannot be seen: {', '.join(self.undetectable)}"
-                )
+        else:
+            per_kind = ", ".join(f"{k} {_fmt(v) if v > self.rtol else 'ok'}" for k, v in self.errors.items())
+            lines = [f"WRONG: worst relative error {_fmt(self.max_error)} ({per_kind})"]
+        if self.undetectable:
+            lines.append(
+                f"note: with h = {self.num_heads} and these weights, these bugs compute the same "
+                f"numbers as the right layer and cannot be seen: {', '.join(self.undetectable)}"
+            )
+        if self.ok:
             return _wrap(lines)
-        per_kind = ", ".join(f"{k} {_fmt(v) if v > self.rtol else 'ok'}" for k, v in self.errors.items())
-        lines = [f"WRONG: worst relative error {_fmt(self.max_error)} ({per_kind})"]
         if not self.explanations:
             lines.append("no bug of the catalogue, alone or in a pair, explains these numbers;")
             lines.append(_hint(self.errors, self.rtol))
             return _wrap(lines)
-        if len(self.explanations) > 1:
+        several = len(self.explanations) > 1
+        if several:
             alts = "; ".join(" + ".join(e) for e in self.explanations)
-            lines.append(f"the probes cannot tell these explanations apart: {alts}")
-        for name in self.bugs:
-            bug = _BY_NAME[name]
-            lines.append(f"bug {name}: {bug.description}")
-            lines.append(f"  look for: {bug.look_for}")
-            lines.append(f"  write:    {bug.fix}")
+            lines.append(f"the probes cannot tell these explanations apart (look for each): {alts}")
+        for i, explanation in enumerate(self.explanations, 1):
+            for name in explanation:
+                bug = _BY_NAME[name]
+                lines.append(f"{f'({i}) ' if several else ''}bug {name}: {bug.description}")
+                lines.append(f"  look for: {bug.look_for}")
+                lines.append(f"  write:    {bug.fix}")
+                if bug.note:
+                    lines.extend(textwrap.wrap(bug.note, 78, initial_indent="  note: ", subsequent_indent="    "))
         return _wrap(lines)
 
 
@@ -427,7 +455,10 @@ def _hint(errors: Mapping[str, float], rtol: float) -> str:
         return "right without a mask, wrong with one: look at how the mask is applied."
     if any(math.isinf(e) for e in errors.values()):
         return "NaN or inf in your output: look for a softmax over a row of -inf, or an overflow."
-    return "wrong even without a mask: compare your intermediate tensors with the reference step by step."
+    return (
+        "wrong even without a mask, so not (only) the mask: compare your attention weights with "
+        "reference(x, x, x, mask=mask)[1], of shape (B, h, n, n), then the other steps."
+    )
 
 
 # ---- diagnose ------------------------------------------------------------------------
@@ -490,7 +521,9 @@ def diagnose(
         forward: your layer as ``forward(x, mask) -> out`` with ``x: (B, n, d_model)``,
             ``mask``: bool ``(n, n)``, True = may attend, or ``None``; ``out: (B, n, d_model)``.
             Adapt your own mask convention inside it.
-        reference: an :class:`~attnlib.MultiHeadAttention` holding the same weights.
+        reference: an :class:`~attnlib.MultiHeadAttention` holding the same weights. To see a
+            wrong load (``weights_transposed``), build it from the weights you loaded from, not
+            from your module: read back from the module, it holds the same wrong weights.
         seed: seeds the probe inputs and the random masks.
         rtol: tolerance on the relative error; default ``sqrt(eps)`` of the reference's dtype
             (3.5e-4 for float32).
@@ -586,7 +619,7 @@ def _search(
             )
     return AuditReport(
         ok=ok,
-        bugs=explanations[0] if explanations else (),
+        bugs=explanations[0] if len(explanations) == 1 else (),
         explanations=explanations,
         max_error=max_error,
         errors=MappingProxyType(errors),

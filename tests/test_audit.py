@@ -226,9 +226,20 @@ def test_every_compatible_pair_is_diagnosed() -> None:
         report = diagnose(learner(ref, a, b), ref)
         expected = DEGENERATE.get(frozenset({a, b}), (a, b))
         assert not report.ok
-        assert report.explanations == (expected,), (a, b, report.explanations)
+        assert report.explanations == (expected,) and report.bugs == expected, (a, b, report.explanations)
+        assert ((a, b) in PAIRS) == (frozenset({a, b}) not in DEGENERATE)
         seen += 1
-    assert seen == len(PAIRS) == 62
+    assert seen == len(PAIRS) + len(DEGENERATE) == 62
+
+
+def test_pairs_leave_out_the_pair_that_computes_one_bug() -> None:
+    assert len(PAIRS) == 61 and ("mask_inverted", "mask_ignored") not in PAIRS
+    ref = reference()
+    x = torch.randn(2, 5, 12)
+    mask = torch.tensor([[1, 0, 0, 1, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 1], [0, 0, 1, 1, 0], [1, 0, 0, 1, 1]]).bool()
+    with torch.no_grad():  # the pair computes what mask_ignored computes alone
+        both = planted(ref, "mask_inverted", "mask_ignored")(x, mask)
+        assert torch.equal(both, planted(ref, "mask_ignored")(x, mask))
 
 
 def test_diagnose_restores_the_number_of_threads() -> None:
@@ -333,6 +344,7 @@ def test_unexplained_module_is_wrong_with_no_bug() -> None:
     report = diagnose(other, ref)
     assert not report.ok and report.bugs == () and report.explanations == ()
     assert "no bug of the catalogue" in str(report)
+    assert "wrong even without a mask" in str(report) and "reference(x, x, x, mask=mask)[1]" in str(report)
 
 
 def test_wrong_only_with_a_mask_says_so() -> None:
@@ -374,8 +386,41 @@ def test_indistinguishable_bugs_are_all_reported() -> None:
         ref.b_q.zero_()  # every score 0: an ignored mask == blocked scores set to 0
     report = diagnose(learner(ref, "mask_ignored"), ref)
     assert report.explanations == (("mask_ignored",), ("mask_fill_zero",))
-    assert report.bugs == ("mask_ignored",) and "cannot tell" in str(report)
+    assert report.bugs == ()  # no single name when the probes cannot choose
+    text = str(report)
+    assert text.startswith("WRONG") and "cannot tell" in text
+    for name in ("mask_ignored", "mask_fill_zero"):  # every explanation's line to look for
+        assert f"bug {name}:" in text
+    assert text.count("look for:") == 2 and text.count("write:") == 2
     assert set(report.undetectable) == {"missing_scale", "scale_by_d_model"}
+    assert "cannot be seen: missing_scale, scale_by_d_model" in text  # in a WRONG report too
+
+
+@pytest.mark.parametrize(
+    ("bug", "words"),
+    [
+        ("mask_inverted", "pass ~mask"),
+        ("missing_output_projection", "BertSelfOutput's dense layer"),
+        ("weights_transposed", "the weights you loaded from"),
+        ("missing_scale", None),
+    ],
+)
+def test_report_notes_where_else_the_fix_may_belong(bug: str, words: str | None) -> None:
+    ref = reference()
+    text = str(diagnose(learner(ref, bug), ref))
+    assert ("note:" in text) == (words is not None)
+    assert words is None or words in " ".join(text.split())
+
+
+def test_a_wrong_load_is_seen_only_against_the_source_weights() -> None:
+    ref = reference()
+    module = learner(ref, "weights_transposed")
+    assert diagnose(module, ref).bugs == ("weights_transposed",)
+    lin = lambda layer: (layer.weight, layer.bias)  # noqa: E731
+    read_back = MultiHeadAttention.from_weights(
+        read_separate_linear(lin(module.W_q), lin(module.W_k), lin(module.W_v), lin(module.W_o)), 3
+    )
+    assert diagnose(module, read_back).ok  # the module's own weights hold the same transposition
 
 
 def test_float64_reference_and_rtol() -> None:
