@@ -50,3 +50,8 @@ from attnlib import audit  # noqa: E402
 from attnlib.audit import AuditReport, diagnose  # noqa: E402
 
 __all__ += ["audit", "AuditReport", "diagnose"]
+
+# chapter 8: decoding (RoPE, the KV cache, multi-head latent attention)
+from attnlib.decoding import KVCache, LatentAttention, LatentCache  # noqa: E402
+
+__all__ += ["KVCache", "LatentCache", "LatentAttention"]

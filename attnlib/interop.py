@@ -238,3 +238,300 @@ def torch_attn_mask(mask: Tensor) -> Tensor:
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must have dtype torch.bool, got {mask.dtype}")
     return ~mask
+
+
+# ---------------------------------------------------------------------------
+# Masks across libraries (chapter 5's mask Rosetta stone)
+#
+# attnlib, and F.scaled_dot_product_attention with a boolean mask: True = may attend.
+# nn.MultiheadAttention's boolean attn_mask and key_padding_mask: True = may NOT attend.
+# Additive (float) masks, in every library: added to the scores before the softmax,
+# 0 = may attend, -inf (PyTorch) or torch.finfo(dtype).min (Hugging Face) = may not.
+# ---------------------------------------------------------------------------
+
+
+def _require_bool(mask: object, name: str) -> Tensor:
+    mask = check_tensor(name, mask)
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{name} must have dtype torch.bool, got {name} of shape {format_shape(mask)} and dtype {mask.dtype}")
+    return mask
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32, fill: str = "-inf") -> Tensor:
+    """attnlib's boolean mask (``True`` = may attend) as an additive float mask.
+
+    ``A = 0`` where ``mask`` is ``True`` and ``A = fill`` where it is ``False``, so that
+    ``softmax(S + A)`` ignores the masked keys. ``fill="-inf"`` is PyTorch's convention
+    (``nn.MultiheadAttention``, SDPA); ``fill="min"`` uses ``torch.finfo(dtype).min``, the
+    large finite negative number of Hugging Face's extended masks. Same shape as ``mask``.
+    """
+    mask = _require_bool(mask, "mask")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    if fill not in ("-inf", "min"):
+        raise ValueError(f"fill must be '-inf' or 'min', got {fill!r}")
+    blocked = float("-inf") if fill == "-inf" else torch.finfo(dtype).min
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    return zero.masked_fill(~mask, blocked).expand(mask.shape).clone()  # same shape as mask
+
+
+def mask_from_additive(additive: Tensor) -> Tensor:
+    """An additive mask (0 = may attend; ``-inf`` or ``torch.finfo(dtype).min`` = may not)
+    as attnlib's boolean mask, same shape. Any other value is a bias, not a mask, and an
+    error: its information would be lost."""
+    if not isinstance(additive, Tensor) or not additive.dtype.is_floating_point:
+        raise TypeError("additive must be a floating-point torch.Tensor")
+    blocked = additive <= torch.finfo(additive.dtype).min  # -inf or finfo.min
+    if not ((additive == 0) | blocked).all():
+        raise ValueError(
+            f"additive of shape {format_shape(additive)} holds values other than 0 and -inf/finfo.min: "
+            "it is a bias, not a mask"
+        )
+    return ~blocked
+
+
+def mask_from_padding(attention_mask: Tensor, padding_is_true: bool = False) -> Tensor:
+    """A per-sequence padding mask ``(B, n_k)`` as attnlib's mask ``(B, 1, 1, n_k)``,
+    broadcastable to ``(B, h, n_q, n_k)``.
+
+    ``padding_is_true=False``: Hugging Face's ``attention_mask`` (1 = real token, 0 = padding;
+    any integer or bool dtype). ``padding_is_true=True``: ``nn.MultiheadAttention``'s boolean
+    ``key_padding_mask`` (``True`` = padding, may not be attended)."""
+    if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2:
+        got = format_shape(attention_mask) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must be a 2-D tensor (B, n_k), got {got}")
+    if padding_is_true:
+        real = ~_require_bool(attention_mask, "key_padding_mask")
+    else:
+        if attention_mask.dtype.is_floating_point or not ((attention_mask == 0) | (attention_mask == 1)).all():
+            raise ValueError("attention_mask must hold only 0 and 1 (1 = real token) in an integer or bool dtype")
+        real = attention_mask.bool()
+    return real[:, None, None, :]  # (B, 1, 1, n_k)
+
+
+def hf_extended_mask(attention_mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Hugging Face's extended attention mask for eager attention: ``(B, n_k)`` of 1/0 ->
+    ``(B, 1, 1, n_k)`` additive, 0 for real tokens and ``torch.finfo(dtype).min`` for
+    padding, the ``(1 - mask) * finfo.min`` of ``BertModel`` (broadcast over heads and
+    queries)."""
+    return additive_mask(mask_from_padding(attention_mask), dtype=dtype, fill="min")
+
+
+def to_torch_mha_masks(mask: Tensor, batch_size: int, num_heads: int) -> Tensor:
+    """attnlib's mask, broadcastable to ``(B, h, n_q, n_k)``, as ``nn.MultiheadAttention``'s
+    boolean ``attn_mask`` (``True`` = may **not** attend).
+
+    A mask with at most two dimensions ``(n_q, n_k)`` stays 2-D. Anything else becomes the
+    3-D ``(B * h, n_q, n_k)`` torch wants, with the heads of one sequence adjacent: row
+    ``b * h + i`` is sequence ``b``, head ``i``. (A per-sequence mask ``(B, n_q, n_k)``
+    therefore needs ``repeat_interleave(h, 0)``; ``repeat(h, 1, 1)`` would give sequence
+    ``r mod B`` to row ``r``.)"""
+    mask = _require_bool(mask, "mask")
+    if mask.dim() <= 2:
+        return ~mask
+    if mask.dim() > 4:
+        raise ValueError(f"mask must have at most 4 dimensions (B, h, n_q, n_k), got {format_shape(mask)}")
+    m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B or 1, h or 1, n_q, n_k)
+    b, h = m4.shape[0], m4.shape[1]
+    if b not in (1, batch_size) or h not in (1, num_heads):
+        raise ValueError(
+            f"mask of shape {format_shape(mask)} does not broadcast to (B, h, n_q, n_k) with "
+            f"B = {batch_size}, h = {num_heads}"
+        )
+    full = m4.expand(batch_size, num_heads, *m4.shape[2:])  # (B, h, n_q, n_k)
+    return ~full.reshape(batch_size * num_heads, *m4.shape[2:])  # (B*h, n_q, n_k), batch-major
+
+
+def from_torch_mha_masks(
+    attn_mask: Tensor | None, key_padding_mask: Tensor | None, batch_size: int, num_heads: int
+) -> Tensor:
+    """What ``nn.MultiheadAttention`` lets each head attend to, as attnlib's mask
+    ``(B, h, n_q, n_k)`` (``True`` = may attend), from its ``attn_mask`` (``(n_q, n_k)``
+    or ``(B * h, n_q, n_k)``, boolean ``True`` = blocked or additive) and boolean
+    ``key_padding_mask`` ``(B, n_k)`` (``True`` = padding). torch blocks a key if
+    **either** mask blocks it, so the result is the logical AND of what each allows."""
+    if attn_mask is None and key_padding_mask is None:
+        raise ValueError("give attn_mask, key_padding_mask or both")
+    allowed: Tensor | None = None
+    if attn_mask is not None:
+        allowed = ~attn_mask if attn_mask.dtype == torch.bool else mask_from_additive(attn_mask)
+        if allowed.dim() == 3:
+            if allowed.shape[0] != batch_size * num_heads:
+                raise ValueError(
+                    f"a 3-D attn_mask must have shape (B * h, n_q, n_k) with B * h = "
+                    f"{batch_size * num_heads}, got {format_shape(attn_mask)}"
+                )
+            allowed = allowed.view(batch_size, num_heads, *allowed.shape[1:])  # (B, h, n_q, n_k)
+        elif allowed.dim() != 2:
+            raise ValueError(f"attn_mask must be (n_q, n_k) or (B * h, n_q, n_k), got {format_shape(attn_mask)}")
+    if key_padding_mask is not None:
+        if key_padding_mask.dim() != 2 or key_padding_mask.shape[0] != batch_size:
+            raise ValueError(f"key_padding_mask must have shape (B, n_k) with B = {batch_size}, got {format_shape(key_padding_mask)}")
+        keys = mask_from_padding(key_padding_mask, padding_is_true=True)  # (B, 1, 1, n_k)
+        allowed = keys if allowed is None else allowed & keys
+    assert allowed is not None
+    n_q, n_k = allowed.shape[-2], allowed.shape[-1]
+    return allowed.expand(batch_size, num_heads, n_q, n_k)  # (B, h, n_q, n_k)
+
+
+def fully_masked_rows(mask: Tensor) -> Tensor:
+    """``(..., n_q)``: ``True`` for the queries that may attend to no key at all. Their
+    output differs by library: attnlib and ``F.scaled_dot_product_attention`` give 0;
+    ``nn.MultiheadAttention`` gives NaN on its explicit-softmax paths and its inference
+    fast path, 0 on its SDPA path (training with ``need_weights=False``); an additive
+    ``finfo.min`` mask (Hugging Face) gives the plain average of all values."""
+    return ~_require_bool(mask, "mask").any(dim=-1)
+
+
+__all__ += [
+    "additive_mask",
+    "mask_from_additive",
+    "mask_from_padding",
+    "hf_extended_mask",
+    "to_torch_mha_masks",
+    "from_torch_mha_masks",
+    "fully_masked_rows",
+]
+
+# ---- Hugging Face Llama: q_proj, k_proj, v_proj, o_proj (chapter 8) -----------------------
+# Llama's layer: four nn.Linear, grouped keys and values, RoPE. Read into (and written
+# from) attnlib.decoding.GroupedAttentionWeights; MultiHeadAttention.from_grouped_weights
+# builds the module.
+
+from attnlib._core import check_positive_int  # noqa: E402
+from attnlib.decoding import GroupedAttentionWeights  # noqa: E402
+
+__all__ += ["GroupedAttentionWeights", "read_llama", "write_llama"]
+
+
+def read_llama(
+    attn: nn.Module,
+    *,
+    num_heads: int | None = None,
+    rope_base: float | None = None,
+) -> GroupedAttentionWeights:
+    r"""Read Hugging Face Llama attention (``LlamaAttention``) into paper orientation (copies).
+
+    Llama keeps four ``nn.Linear`` layers, weight ``(out, in)``, ``y = x @ weight.T + bias``:
+
+    .. math::
+        \texttt{q\_proj.weight} = (W^Q)^\top \in \mathbb{R}^{h d_k \times d},\quad
+        \texttt{k\_proj.weight} = (W^K)^\top,\ \texttt{v\_proj.weight} = (W^V)^\top
+        \in \mathbb{R}^{g d_k \times d},\quad
+        \texttt{o\_proj.weight} = (W^O)^\top \in \mathbb{R}^{d \times h d_k},
+
+    with ``g = num_key_value_heads`` (grouped-query attention; ``repeat_kv`` gives query
+    head ``i`` the key/value head ``i // (h/g)``) and RoPE applied to queries and keys
+    after the projections, with ``rope_theta`` as base.
+
+    Args:
+        attn: a module with ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (``nn.Linear``),
+            e.g. ``LlamaAttention`` or the ``nn.ModuleDict`` of :func:`write_llama`.
+        num_heads: ``h``; default ``attn.config.num_attention_heads``. ``g`` follows from
+            the shapes (it must equal ``config.num_key_value_heads`` when there is a config).
+        rope_base: default ``attn.config.rope_parameters["rope_theta"]``; without a
+            config, ``None`` (no RoPE).
+
+    Returns:
+        a :class:`GroupedAttentionWeights`; a layer without bias whose siblings have one
+        (e.g. Qwen2's ``o_proj``) gets a zero bias, which computes the same function.
+
+    Raises:
+        TypeError: a projection missing or not an ``nn.Linear``.
+        ValueError: ``num_heads`` missing (no config) or disagreeing with the config; a
+            RoPE type other than ``"default"`` (scaled frequencies); ``head_dim *
+            num_heads != hidden_size``; ``attention_dropout > 0``; shapes that do not fit.
+    """
+    layers: dict[str, nn.Linear] = {}
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        layer = getattr(attn, name, None)
+        if not isinstance(layer, nn.Linear):
+            raise TypeError(f"attn.{name} must be an nn.Linear, got {type(layer).__name__}")
+        layers[name] = layer
+    if num_heads is not None:
+        check_positive_int("num_heads", num_heads)
+    config = getattr(attn, "config", None)
+    if config is not None:
+        h_cfg = int(config.num_attention_heads)
+        if num_heads is not None and num_heads != h_cfg:
+            raise ValueError(f"num_heads={num_heads} disagrees with attn.config.num_attention_heads={h_cfg}")
+        num_heads = h_cfg
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(
+                f"rope_type {rope.get('rope_type')!r} rescales RoPE's frequencies; attnlib has the default RoPE only"
+            )
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+        if rope_base is not None and theta is not None and float(rope_base) != float(theta):
+            raise ValueError(f"rope_base={rope_base} disagrees with the config's rope_theta={theta}")
+        rope_base = None if theta is None else float(theta)
+        if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+            raise ValueError(
+                f"attention_dropout={config.attention_dropout} > 0: attnlib has no dropout; "
+                f"set it to 0 (inference)"
+            )
+        d_cfg = int(config.hidden_size)
+        head_dim = int(getattr(config, "head_dim", None) or d_cfg // h_cfg)
+        if head_dim * h_cfg != d_cfg:
+            raise ValueError(
+                f"head_dim ({head_dim}) * num_attention_heads ({h_cfg}) must equal hidden_size ({d_cfg}): "
+                f"attnlib.MultiHeadAttention has d_k = d_model / num_heads"
+            )
+        g_cfg = int(getattr(config, "num_key_value_heads", None) or h_cfg)
+        g_shape = layers["k_proj"].out_features // head_dim
+        if g_shape != g_cfg:
+            raise ValueError(
+                f"k_proj has {layers['k_proj'].out_features} outputs = {g_shape} heads of width {head_dim}, "
+                f"but config.num_key_value_heads = {g_cfg}"
+            )
+    if num_heads is None:
+        raise ValueError("num_heads must be given when attn has no config")
+    w_q = layers["q_proj"].weight.detach()  # (h*d_k, d)
+    d_k = w_q.shape[0] // num_heads
+    if d_k == 0 or w_q.shape[0] % num_heads:
+        raise ValueError(f"q_proj has {w_q.shape[0]} outputs, not a multiple of num_heads={num_heads}")
+    g = max(1, layers["k_proj"].out_features // d_k)  # a misfit shows in GroupedAttentionWeights' check
+    biases = {n: layers[f"{n}_proj"].bias for n in "qkvo"}
+    any_bias = any(b is not None for b in biases.values())
+
+    def bias(n: str) -> Tensor | None:
+        b = biases[n]
+        if b is not None:
+            return b.detach().clone()
+        if not any_bias:
+            return None
+        lin = layers[f"{n}_proj"]
+        return torch.zeros(lin.out_features, device=lin.weight.device, dtype=lin.weight.dtype)
+
+    return GroupedAttentionWeights(
+        w_q=w_q.T.clone(),  # (d, h*d_k)
+        w_k=layers["k_proj"].weight.detach().T.clone(),  # (d, g*d_k)
+        w_v=layers["v_proj"].weight.detach().T.clone(),  # (d, g*d_k)
+        w_o=layers["o_proj"].weight.detach().T.clone(),  # (h*d_k, d)
+        num_heads=num_heads,
+        num_kv_heads=g,
+        b_q=bias("q"),
+        b_k=bias("k"),
+        b_v=bias("v"),
+        b_o=bias("o"),
+        rope_base=rope_base,
+    )
+
+
+def write_llama(weights: GroupedAttentionWeights) -> nn.ModuleDict:
+    """Four ``nn.Linear`` layers ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` holding
+    ``weights`` in Llama's layout (the inverse of :func:`read_llama`). Its ``state_dict()``
+    loads into a ``LlamaAttention`` of the same shape (``attn.load_state_dict(...)``);
+    ``num_heads`` and ``rope_base`` belong to the Llama config, not to the layers."""
+    if not isinstance(weights, GroupedAttentionWeights):
+        raise TypeError(f"weights must be a GroupedAttentionWeights, got {type(weights).__name__}")
+    layers = nn.ModuleDict()
+    for n in "qkvo":
+        w, b = getattr(weights, f"w_{n}"), getattr(weights, f"b_{n}")  # w: (d_in, d_out)
+        lin = nn.Linear(w.shape[0], w.shape[1], bias=weights.bias, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w.T)  # (d_out, d_in)
+            if b is not None:
+                lin.bias.copy_(b)
+        layers[f"{n}_proj"] = lin
+    return layers

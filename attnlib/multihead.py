@@ -28,12 +28,21 @@ from attnlib._core import (
     check_heads,
     check_index,
     check_mask,
+    check_positive_int,
     check_tensor,
     format_shape,
     read_torch_mha,
     write_torch_mha,
 )
 from attnlib.attention import attention, masked_softmax
+from attnlib.decoding import (
+    GroupedAttentionWeights,
+    KVCache,
+    _check_base,
+    _check_cache_call,
+    apply_rope,
+    causal_mask,
+)
 
 __all__ = ["MultiHeadAttention", "SeparateHeadsAttention", "HeadWeights"]
 
@@ -81,6 +90,57 @@ def _check_inputs(
         check_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
 
 
+def _check_kv_heads(num_heads: int, num_kv_heads: object) -> int:
+    """``num_kv_heads`` (default ``num_heads``), checked to divide ``num_heads``."""
+    if num_kv_heads is None:
+        return num_heads
+    g = check_positive_int("num_kv_heads", num_kv_heads)
+    if num_heads % g:
+        raise ValueError(
+            f"num_kv_heads ({g}) must divide num_heads ({num_heads}): each key/value head "
+            f"serves a group of num_heads / num_kv_heads query heads"
+        )
+    return g
+
+
+def _check_rope(rope_base: object, d_k: int) -> float | None:
+    """``rope_base`` as a float (or ``None``: no RoPE); RoPE pairs dimensions, so d_k must be even."""
+    if rope_base is None:
+        return None
+    base = _check_base(rope_base, "rope_base")
+    if d_k % 2:
+        raise ValueError(
+            f"rope_base needs an even head width d_k (RoPE rotates pairs of dimensions), got d_k = {d_k}"
+        )
+    return base
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` are one tensor: the same object, or views of the same memory with
+    the same shape, strides and dtype (``x[:, :3]`` taken twice)."""
+    if a is b:
+        return True
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+        return False
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+        and a.device == b.device
+    )
+
+
+def _group_mask(mask: Tensor, h: int, g: int, n_q: int, n_k: int) -> Tensor:
+    """A mask broadcastable to ``(B, h, n_q, n_k)`` laid out for grouped queries,
+    ``(B or 1, g, (h/g)*n_q, n_k)``: head ``i`` becomes rows ``(i % (h/g))*n_q ..`` of group ``i // (h/g)``."""
+    m = mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)  # (.., n_q, n_k) -> 4-D
+    b = m.shape[0]
+    return m.expand(b, h, n_q, n_k).reshape(b, g, (h // g) * n_q, n_k)
+
+
 def _linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     """``x @ w + b`` in one fused call; ``w`` is ``(d_in, d_out)``."""
     return F.linear(x, w.T, b)
@@ -94,7 +154,7 @@ class MultiHeadAttention(nn.Module):
     columns ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and rows ``i*d_v:(i+1)*d_v`` of
     ``w_o``; :meth:`head` and the ``*_heads`` properties return views of them.
 
-    Call: ``out, weights = mha(query, key, value, mask=None, need_weights=True)``
+    Call: ``out, weights = mha(query, key, value, mask=None, need_weights=True, *, cache=None)``
 
     - ``query``: ``(B, n_q, d_model)``; ``key``, ``value``: ``(B, n_k, d_model)``
     - ``mask``: bool, ``True`` = may attend, broadcastable to ``(B, h, n_q, n_k)``
@@ -106,7 +166,24 @@ class MultiHeadAttention(nn.Module):
     finite gradients, on both paths (:func:`attnlib.masked_softmax` on the explicit
     one; ``scaled_dot_product_attention`` gives zeros itself from torch 2.5 on).
 
-    Initialisation: each ``(d_model, d_model)`` matrix Xavier-uniform, biases zero.
+    Decoder features (chapter 8), all off by default:
+
+    - ``num_kv_heads=g`` (grouped-query attention, Ainslie et al. 2023; ``g = 1`` is
+      multi-query attention, Shazeer 2019): ``g`` must divide ``h``; ``w_k, w_v`` are
+      ``(d_model, g*d_k)``, ``b_k, b_v`` ``(g*d_k,)``, and query head ``i`` reads key/value
+      group ``i // (h/g)`` (the order of ``repeat_interleave`` and of Hugging Face's
+      ``repeat_kv``). ``w_k_heads``/``w_v_heads`` are then ``(g, d_model, d_k)``.
+    - ``rope_base``: rotary position embedding (:func:`attnlib.decoding.apply_rope`,
+      Llama's rotate-half layout, Su et al. 2021) on queries and keys after the
+      projections, before the scores; positions ``0..n-1`` for queries and keys alike,
+      or continuing from the cache. ``d_k`` must be even.
+    - ``cache=KVCache()`` (keyword): self-attention over new tokens ``(B, t, d_model)``
+      (one tensor as query, key and value); their keys (after RoPE) and values are
+      appended to the cache, and the new queries attend causally to all cached
+      positions. No ``mask`` with a cache. A prefill plus one-token steps equals the
+      causal pass over the whole sequence.
+
+    Initialisation: each weight matrix Xavier-uniform, biases zero.
     """
 
     def __init__(
@@ -115,6 +192,8 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         bias: bool = True,
         *,
+        num_kv_heads: int | None = None,
+        rope_base: float | None = None,
         device: _Device = None,
         dtype: _DType = None,
     ) -> None:
@@ -122,14 +201,17 @@ class MultiHeadAttention(nn.Module):
         self.d_k = check_heads(d_model, num_heads)
         self.d_model = d_model
         self.num_heads = num_heads
+        self.num_kv_heads = _check_kv_heads(num_heads, num_kv_heads)
+        self.rope_base = _check_rope(rope_base, self.d_k)
+        d_kv = self.num_kv_heads * self.d_k  # = d_model unless grouped
         self.w_q = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
-        self.w_k = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
-        self.w_v = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_v)
+        self.w_k = nn.Parameter(torch.empty(d_model, d_kv, device=device, dtype=dtype))  # (d_model, g*d_k)
+        self.w_v = nn.Parameter(torch.empty(d_model, d_kv, device=device, dtype=dtype))  # (d_model, g*d_v)
         self.w_o = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (h*d_v, d_model)
         if bias:
             self.b_q = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
-            self.b_k = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
-            self.b_v = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
+            self.b_k = nn.Parameter(torch.empty(d_kv, device=device, dtype=dtype))
+            self.b_v = nn.Parameter(torch.empty(d_kv, device=device, dtype=dtype))
             self.b_o = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
         else:
             self.register_parameter("b_q", None)
@@ -146,6 +228,11 @@ class MultiHeadAttention(nn.Module):
     def bias(self) -> bool:
         return self.b_q is not None
 
+    @property
+    def group_size(self) -> int:
+        """``h / g``: how many query heads share one key/value head (1 = plain MHA)."""
+        return self.num_heads // self.num_kv_heads
+
     def reset_parameters(self) -> None:
         """Xavier-uniform weights (bound ``sqrt(6 / (2 d_model))``), zero biases."""
         for w in (self.w_q, self.w_k, self.w_v, self.w_o):
@@ -155,13 +242,16 @@ class MultiHeadAttention(nn.Module):
                 nn.init.zeros_(b)
 
     # ---- per-head views -------------------------------------------------------
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """``(B, n, h*d_k)`` -> ``(B, h, n, d_k)``: head ``i`` gets columns ``i*d_k:(i+1)*d_k`` (a view)."""
+    def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
+        """``(B, n, h*d_k)`` -> ``(B, h, n, d_k)``: head ``i`` gets columns ``i*d_k:(i+1)*d_k`` (a view).
+        ``heads`` (default ``h``): ``g`` for keys and values."""
         B, n, _ = x.shape
-        return x.view(B, n, self.num_heads, self.d_k).transpose(1, 2)  # (B, h, n, d_k)
+        heads = self.num_heads if heads is None else heads
+        return x.view(B, n, heads, self.d_k).transpose(1, 2)  # (B, heads, n, d_k)
 
-    def _split_columns(self, w: Tensor) -> Tensor:
-        return w.view(self.d_model, self.num_heads, self.d_k).transpose(0, 1)  # (h, d_model, d_k)
+    def _split_columns(self, w: Tensor, heads: int | None = None) -> Tensor:
+        heads = self.num_heads if heads is None else heads
+        return w.view(self.d_model, heads, self.d_k).transpose(0, 1)  # (heads, d_model, d_k)
 
     @property
     def w_q_heads(self) -> Tensor:
@@ -170,13 +260,15 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def w_k_heads(self) -> Tensor:
-        """``(h, d_model, d_k)``: ``w_k_heads[i]`` is :math:`W_i^K`, a view of ``w_k``."""
-        return self._split_columns(self.w_k)
+        """``(g, d_model, d_k)``: ``w_k_heads[j]`` is key/value group ``j``'s :math:`W^K`, a view
+        of ``w_k``; with ``g = h`` (the default) it is head ``j``'s :math:`W_j^K`."""
+        return self._split_columns(self.w_k, self.num_kv_heads)
 
     @property
     def w_v_heads(self) -> Tensor:
-        """``(h, d_model, d_v)``: ``w_v_heads[i]`` is :math:`W_i^V`, a view of ``w_v``."""
-        return self._split_columns(self.w_v)
+        """``(g, d_model, d_v)``: ``w_v_heads[j]`` is group ``j``'s :math:`W^V`, a view of ``w_v``
+        (head ``j``'s :math:`W_j^V` when ``g = h``)."""
+        return self._split_columns(self.w_v, self.num_kv_heads)
 
     @property
     def w_o_heads(self) -> Tensor:
@@ -185,17 +277,20 @@ class MultiHeadAttention(nn.Module):
         return self.w_o.view(self.num_heads, self.d_v, self.d_model)
 
     def head(self, i: int) -> HeadWeights:
-        """Head ``i``'s weights as views into the fused parameters."""
+        """Head ``i``'s weights as views into the fused parameters. Its key and value
+        blocks are those of its group ``i // (h / g)``, shared with the group's other heads."""
         i = check_index("head", i, self.num_heads, f"num_heads={self.num_heads}")
         cols = slice(i * self.d_k, (i + 1) * self.d_k)
+        j = i // self.group_size  # the key/value group of head i
+        kv = slice(j * self.d_k, (j + 1) * self.d_k)
         return HeadWeights(
             w_q=self.w_q[:, cols],
-            w_k=self.w_k[:, cols],
-            w_v=self.w_v[:, cols],
+            w_k=self.w_k[:, kv],
+            w_v=self.w_v[:, kv],
             w_o=self.w_o[cols, :],
             b_q=None if self.b_q is None else self.b_q[cols],
-            b_k=None if self.b_k is None else self.b_k[cols],
-            b_v=None if self.b_v is None else self.b_v[cols],
+            b_k=None if self.b_k is None else self.b_k[kv],
+            b_v=None if self.b_v is None else self.b_v[kv],
         )
 
     # ---- forward ------------------------------------------------------------------
@@ -206,20 +301,48 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Tensor | None = None,
         need_weights: bool = True,
+        *,
+        cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         r""":math:`\mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W^O`, all heads at once.
 
-        Project: one product per role, split into heads ``(B, h, n, d_k)``. Attend:
+        Project: one product per role, split into heads ``(B, h, n, d_k)`` (keys and
+        values into ``g`` groups). With RoPE, rotate queries and keys; with a cache,
+        append the new keys and values and attend causally over all of them. Attend:
         :math:`\mathrm{softmax}(q k^\top / \sqrt{d_k})\, v` per head, written out when the
         weights are asked for, else PyTorch's ``scaled_dot_product_attention``.
         Shapes: see the class docstring.
         """
+        if cache is not None:
+            _check_cache_call(cache, KVCache, mask)
+            if not (_same_tensor(query, key) and _same_tensor(key, value)):
+                raise ValueError(
+                    "a call with a cache is self-attention over the new tokens: pass one tensor "
+                    "(the same memory) as query, key and value, mha(x_new, x_new, x_new, cache=cache)"
+                )
         _check_inputs(query, key, value, mask, self.d_model, self.num_heads)
         B, n_q, _ = query.shape
+        n_k = key.shape[1]
+        h, g = self.num_heads, self.num_kv_heads
+        past = 0
+        if cache is not None:
+            cache._check(self, B, query.dtype, query.device)
+            past = len(cache)
         # project: one product per role, then a view hands each head its d_k columns
         q = self._split_heads(_linear(query, self.w_q, self.b_q))  # (B, h, n_q, d_k)
-        k = self._split_heads(_linear(key, self.w_k, self.b_k))  # (B, h, n_k, d_k)
-        v = self._split_heads(_linear(value, self.w_v, self.b_v))  # (B, h, n_k, d_v)
+        k = self._split_heads(_linear(key, self.w_k, self.b_k), g)  # (B, g, n_k, d_k)
+        v = self._split_heads(_linear(value, self.w_v, self.b_v), g)  # (B, g, n_k, d_v)
+        if self.rope_base is not None:  # rotate by position: 0.., or continuing after the cache
+            q = apply_rope(q, torch.arange(past, past + n_q, device=q.device), self.rope_base)  # (B, h, n_q, d_k)
+            k = apply_rope(k, torch.arange(past, past + n_k, device=k.device), self.rope_base)  # (B, g, n_k, d_k)
+        if cache is not None:
+            k, v = cache.update(self, k, v)  # (B, g, past + n_q, d_k), (B, g, past + n_q, d_v)
+            n_k = past + n_q
+            mask = causal_mask(n_q, n_k, device=query.device)  # (n_q, n_k)
+        if g < h:  # grouped: the h/g query heads of a group read the same keys, stacked as rows
+            q = q.reshape(B, g, (h // g) * n_q, self.d_k)  # (B, g, (h/g)*n_q, d_k)
+            if mask is not None:
+                mask = _group_mask(mask, h, g, n_q, n_k)  # (B or 1, g, (h/g)*n_q, n_k)
         # attend: every head at once
         weights: Tensor | None = None
         if need_weights:
@@ -235,13 +358,27 @@ class MultiHeadAttention(nn.Module):
             if mask is not None and mask.dim() == 1:
                 mask = mask.unsqueeze(0)  # (n_k,) -> (1, n_k): SDPA rejects a 1-D mask
             heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, n_q, d_v)
+        if g < h:  # back from groups to heads
+            heads = heads.reshape(B, h, n_q, self.d_v)  # (B, h, n_q, d_v)
+            weights = None if weights is None else weights.view(B, h, n_q, n_k)  # (B, h, n_q, n_k)
         # concatenate the heads and project back
         concat = heads.transpose(1, 2).reshape(B, n_q, self.num_heads * self.d_v)  # (B, n_q, h*d_v)
         return _linear(concat, self.w_o, self.b_o), weights  # (B, n_q, d_model)
 
     # ---- conversions --------------------------------------------------------------
     def attention_weights(self) -> AttentionWeights:
-        """The four projections (detached copies), paper orientation."""
+        """The four projections (detached copies), paper orientation.
+
+        Raises:
+            ValueError: for grouped keys and values (``num_kv_heads != num_heads``), whose
+                ``w_k``, ``w_v`` are narrower than ``AttentionWeights`` holds; use
+                :meth:`grouped_weights`. (RoPE is not a weight: the record leaves it out.)
+        """
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(
+                f"attention_weights() holds (d_model, d_model) matrices, but this module has "
+                f"num_kv_heads={self.num_kv_heads} < num_heads={self.num_heads}; use grouped_weights()"
+            )
 
         def c(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.detach().clone()
@@ -268,18 +405,118 @@ class MultiHeadAttention(nn.Module):
                     getattr(mha, name).copy_(src)
         return mha
 
+    def grouped_weights(self) -> GroupedAttentionWeights:
+        """The projections (detached copies) with ``num_heads``, ``num_kv_heads`` and
+        ``rope_base``: everything :meth:`from_grouped_weights` needs to rebuild the module."""
+
+        def c(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().clone()
+
+        return GroupedAttentionWeights(
+            w_q=self.w_q.detach().clone(),
+            w_k=self.w_k.detach().clone(),
+            w_v=self.w_v.detach().clone(),
+            w_o=self.w_o.detach().clone(),
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            b_q=c(self.b_q),
+            b_k=c(self.b_k),
+            b_v=c(self.b_v),
+            b_o=c(self.b_o),
+            rope_base=self.rope_base,
+        )
+
     @classmethod
-    def from_torch(cls, m: nn.MultiheadAttention) -> "MultiHeadAttention":
+    def from_grouped_weights(cls, weights: GroupedAttentionWeights) -> "MultiHeadAttention":
+        """A module holding copies of ``weights``, with its heads, groups and RoPE base."""
+        if not isinstance(weights, GroupedAttentionWeights):
+            raise TypeError(f"weights must be a GroupedAttentionWeights, got {type(weights).__name__}")
+        w_q = weights.w_q
+        mha = cls(
+            weights.d_model,
+            weights.num_heads,
+            bias=weights.bias,
+            num_kv_heads=weights.num_kv_heads,
+            rope_base=weights.rope_base,
+            device=w_q.device,
+            dtype=w_q.dtype,
+        )
+        with torch.no_grad():
+            for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
+                src = getattr(weights, name)
+                if src is not None:
+                    getattr(mha, name).copy_(src)
+        return mha
+
+    def expand_kv_heads(self) -> "MultiHeadAttention":
+        """Plain multi-head attention (``num_kv_heads = num_heads``) computing the same
+        function: each group's key and value column blocks (and biases) are repeated for
+        the ``h / g`` heads that read them, in ``repeat_interleave`` order. RoPE is kept."""
+        w = self.grouped_weights()
+        r, d_k = self.group_size, self.d_k
+
+        def rep(t: Tensor | None, dim: int) -> Tensor | None:
+            if t is None:
+                return None
+            blocks = t.unflatten(dim, (self.num_kv_heads, d_k))  # (.., g, d_k, ..)
+            return blocks.repeat_interleave(r, dim=dim).flatten(dim, dim + 1)  # (.., h*d_k, ..)
+
+        expanded = GroupedAttentionWeights(
+            w_q=w.w_q,
+            w_k=rep(w.w_k, 1),  # type: ignore[arg-type]
+            w_v=rep(w.w_v, 1),  # type: ignore[arg-type]
+            w_o=w.w_o,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_heads,
+            b_q=w.b_q,
+            b_k=rep(w.b_k, 0),
+            b_v=rep(w.b_v, 0),
+            b_o=w.b_o,
+            rope_base=self.rope_base,
+        )
+        return type(self).from_grouped_weights(expanded)
+
+    @classmethod
+    def from_torch(
+        cls, m: nn.MultiheadAttention, *, num_kv_heads: int | None = None, rope_base: float | None = None
+    ) -> "MultiHeadAttention":
         """The same function as ``m`` (batch-first inputs; ``m`` in eval mode, since
-        attnlib has no dropout). Weights are copied and transposed to ``x @ W``."""
+        attnlib has no dropout). Weights are copied and transposed to ``x @ W``.
+
+        Raises:
+            ValueError: ``num_kv_heads`` other than ``m.num_heads``, or a ``rope_base``:
+                ``nn.MultiheadAttention`` has neither grouped keys nor RoPE.
+        """
+        h = getattr(m, "num_heads", None)
+        if (num_kv_heads is not None and num_kv_heads != h) or rope_base is not None:
+            raise ValueError(
+                f"torch.nn.MultiheadAttention has no grouped keys/values and no RoPE: from_torch "
+                f"needs num_kv_heads=None (or num_heads={h}) and rope_base=None, got "
+                f"num_kv_heads={num_kv_heads!r}, rope_base={rope_base!r}"
+            )
         return cls.from_weights(read_torch_mha(m), m.num_heads)
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """A ``torch.nn.MultiheadAttention(batch_first=True)`` computing the same function."""
+        """A ``torch.nn.MultiheadAttention(batch_first=True)`` computing the same function.
+
+        Raises:
+            ValueError: when ``num_kv_heads != num_heads`` or RoPE is on: torch's module
+                has neither (:meth:`expand_kv_heads` removes the grouping).
+        """
+        if self.num_kv_heads != self.num_heads or self.rope_base is not None:
+            raise ValueError(
+                f"torch.nn.MultiheadAttention has no grouped keys/values and no RoPE; this module has "
+                f"num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}, rope_base={self.rope_base}"
+            )
         return write_torch_mha(self.attention_weights(), self.num_heads, batch_first=True)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, bias={self.bias}"
+        extra = ""
+        if self.num_kv_heads != self.num_heads:
+            extra += f", num_kv_heads={self.num_kv_heads}"
+        if self.rope_base is not None:
+            extra += f", rope_base={self.rope_base:g}"
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, bias={self.bias}{extra}"
 
 
 class SeparateHeadsAttention(nn.Module):

@@ -468,3 +468,50 @@ def rank_sweep(
     _finish(ax, "head width $d_k$", ylabel, title)
     ax.legend(fontsize="small")
     return fig
+
+
+# ---- chapter 8: decoding ---------------------------------------------------------------
+__all__ += ["cache_bytes"]
+
+
+def cache_bytes(
+    per_token: dict[str, float],
+    ax: Axes | None = None,
+    title: str | None = None,
+    groups: dict[str, str] | None = None,
+) -> Figure:
+    """Horizontal bars of cache bytes per token, one bar per entry of ``per_token``
+    (label -> bytes), top to bottom in the dict's order, on a log axis in KiB, each bar
+    annotated with its size. ``groups`` (label -> group name) colours the bars by group
+    and adds a legend; every label must then have a group.
+    """
+    if not per_token:
+        raise ValueError("per_token must hold at least one entry (label -> bytes), got none")
+    bad = {k: v for k, v in per_token.items() if not v > 0}
+    if bad:
+        raise ValueError(f"per_token values must be positive byte counts, got {bad}")
+    if groups is not None and set(groups) != set(per_token):
+        raise ValueError(
+            f"groups must name a group for every label of per_token: "
+            f"missing {sorted(set(per_token) - set(groups))}, extra {sorted(set(groups) - set(per_token))}"
+        )
+    labels = list(per_token)
+    kib = np.array([per_token[k] for k in labels], dtype=np.float64) / 1024
+    fig, ax = _axes(ax, (6.4, 0.9 + 0.42 * len(labels)))
+    y = np.arange(len(labels))
+    if groups is None:
+        ax.barh(y, kib, color="C0")
+    else:
+        names = list(dict.fromkeys(groups[k] for k in labels))
+        for c, name in enumerate(names):
+            sel = [i for i, k in enumerate(labels) if groups[k] == name]
+            ax.barh(y[sel], kib[sel], color=f"C{c}", label=name)
+        ax.legend(loc="lower right", fontsize="small")
+    ax.set_xscale("log")
+    ax.set_yticks(y, labels)
+    ax.invert_yaxis()  # first entry on top
+    for yi, v in zip(y, kib):
+        ax.text(float(v) * 1.08, float(yi), f"{v:,.4g} KiB", va="center", fontsize=8)
+    ax.set_xlim(kib.min() / 2, kib.max() * 12)
+    _finish(ax, "cache per token (KiB, log scale)", "", title, grid="x")
+    return fig

@@ -11,11 +11,16 @@ variants alike. Ratios are also given as the median of per-round ratios against
 Variants (self-attention, ``query is key is value``):
 
 =======================  ===================================================================
-``per_head_loop``        ``attnlib.SeparateHeadsAttention``: h small projections per role, a loop
+``per_head_loop``        ``attnlib.SeparateHeadsAttention``: h small projections per role, a loop,
+                         explicit softmax per head (``attnlib.attention``)
+``per_head_loop_sdpa``   the same loop and small projections, ``F.scaled_dot_product_attention``
+                         per head
 ``attnlib``              ``attnlib.MultiHeadAttention``, attention weights returned
 ``attnlib_noweights``    ``attnlib.MultiHeadAttention(..., need_weights=False)`` (SDPA inside)
 ``packed_qkv``           one ``nn.Linear(d, 3d)`` as nanoGPT's ``c_attn``, explicit softmax
+                         (the fused partner of ``per_head_loop``)
 ``sdpa``                 the same packed projection + ``F.scaled_dot_product_attention``
+                         (the fused partner of ``per_head_loop_sdpa``)
 ``torch_mha``            ``torch.nn.MultiheadAttention``, weights returned (per head)
 ``torch_mha_noweights``  ``torch.nn.MultiheadAttention(..., need_weights=False)``
 ``merged_qk``            scores from one ``d x d`` matrix per head, ``W_i^Q W_i^K^T``
@@ -52,10 +57,10 @@ A plot is written next to the CSV (same name, ``.png``) unless ``--no-plot``.
 The committed results in ``benchmarks/results/`` come from the book's build machine,
 2 shared CPU cores, PyTorch 2.13 CPU build, float32:
 
-- ``cpu_sweep.csv`` / ``.png``: ``--threads 1 --clock cpu --rounds 5 --heads 1 4 16``
-  (other jobs shared the cores, so one thread and CPU time);
+- ``cpu_sweep.csv`` / ``.png``: ``--threads 1 --clock cpu --rounds 7 --heads 1 4 16``
+  (other jobs shared the cores, so one thread and CPU time; 9.5 minutes, load average 4 to 7);
 - ``cpu_target.csv``: ``--target --threads 1 --clock cpu --rounds 60``;
-- ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock,
+- ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock, attnlib's previous forward,
   measured while the machine was otherwise idle).
 """
 
@@ -88,6 +93,7 @@ from attnlib.interop import write_packed_linear
 
 VARIANTS = [
     "per_head_loop",
+    "per_head_loop_sdpa",
     "attnlib",
     "attnlib_noweights",
     "packed_qkv",
@@ -135,6 +141,16 @@ def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
     for m in (sep, tmha, c_attn, c_proj):
         m.to(device=weights.w_q.device, dtype=weights.w_q.dtype)
 
+    def loop_sdpa(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        heads = []
+        for i in range(h):  # SeparateHeadsAttention's loop, with SDPA in place of attnlib.attention
+            q_i, k_i, v_i = x @ sep.w_q[i], x @ sep.w_k[i], x @ sep.w_v[i]  # (B, n, d_k)
+            if sep.b_q is not None:
+                q_i, k_i, v_i = q_i + sep.b_q[i], k_i + sep.b_k[i], v_i + sep.b_v[i]  # type: ignore[index]
+            heads.append(F.scaled_dot_product_attention(q_i, k_i, v_i))  # (B, n, d_k)
+        out = torch.cat(heads, dim=-1) @ sep.w_o  # (B, n, d)
+        return (out if sep.b_o is None else out + sep.b_o), None
+
     def packed(x: Tensor) -> tuple[Tensor, Tensor | None]:
         q, k, v = (_split_heads(t, h) for t in c_attn(x).split(d, dim=2))  # (B, h, n, d_k)
         att = torch.softmax((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d_k)), dim=-1)  # (B, h, n, n)
@@ -168,6 +184,7 @@ def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
 
     return {
         "per_head_loop": Variant(lambda x: sep(x, x, x, need_weights=False), list(sep.parameters()), [sep]),
+        "per_head_loop_sdpa": Variant(loop_sdpa, list(sep.parameters()), [sep]),
         "attnlib": Variant(lambda x: mha(x, x, x, need_weights=True), list(mha.parameters()), [mha]),
         "attnlib_noweights": Variant(lambda x: mha(x, x, x, need_weights=False), list(mha.parameters()), [mha]),
         "packed_qkv": Variant(packed, [*c_attn.parameters(), *c_proj.parameters()], [c_attn, c_proj]),
@@ -315,6 +332,151 @@ def plot(rows: list[dict[str, object]], path: Path, h_fixed: int, n_fixed: int) 
     fig.savefig(path, dpi=110)
 
 
+# ---- decoding: GQA, MQA and MLA (chapter 8) -----------------------------------------------
+# One decoding step (a new token reading a cache of n_ctx positions) and the prefill of a
+# whole prompt, for plain MHA, GQA, MQA and multi-head latent attention, naive and absorbed.
+# Every variant's step output is checked (GQA/MQA against plain MHA with K/V repeated per
+# group; MLA absorbed against MLA naive) before anything is timed. All take the
+# need_weights=False (SDPA) path; MHA/GQA/MQA use RoPE, MLA its decoupled RoPE key.
+# The KVCache appends with torch.cat (a copy of the cache per step), as a simple cache does.
+#
+#   python benchmarks/bench_attention.py --decoding --threads 1 --clock cpu --rounds 5
+#
+# writes benchmarks/results/cpu_decoding.csv (committed: B=8, n_ctx=1024, d_model=512, h=8,
+# GQA g=2, MQA g=1, MLA d_c=128, d_r=32; 2 shared cores, one thread, CPU time).
+
+DECODING_FIELDS = [
+    "device", "threads", "clock", "dtype", "torch", "mode", "B", "n_ctx", "d_model", "h", "variant",
+    "num_kv_heads", "d_c", "d_r", "cache_bytes_per_token", "median_ms", "q1_ms", "q3_ms", "rounds",
+    "ratio_vs_mha", "date",
+]
+
+
+def decoding_variants(
+    d: int, h: int, device: torch.device, dtype: torch.dtype, d_c: int, d_r: int
+) -> dict[str, tuple[nn.Module, dict[str, object]]]:
+    """name -> (module, facts): MHA, GQA (g = h/4), MQA (g = 1), MLA naive and absorbed."""
+    from attnlib import LatentAttention
+
+    out: dict[str, tuple[nn.Module, dict[str, object]]] = {}
+    for name, g in (("mha", h), ("gqa", max(1, h // 4)), ("mqa", 1)):
+        m = MultiHeadAttention(d, h, bias=False, num_kv_heads=g, rope_base=10000.0, device=device, dtype=dtype)
+        out[name] = (m.eval(), {"num_kv_heads": g, "d_c": "", "d_r": ""})
+    mla = LatentAttention(d, h, d_c, d_r, device=device, dtype=dtype).eval()
+    for name, absorb in (("mla_naive", False), ("mla_absorbed", True)):
+        out[name] = (mla, {"num_kv_heads": "", "d_c": d_c, "d_r": d_r, "absorb": absorb})
+    return out
+
+
+def _decode_call(module: nn.Module, facts: dict[str, object], x: Tensor, cache: object) -> Tensor:
+    from attnlib import LatentAttention
+
+    if isinstance(module, LatentAttention):
+        return module(x, need_weights=False, cache=cache, absorb=bool(facts["absorb"]))[0]
+    return module(x, x, x, need_weights=False, cache=cache)[0]
+
+
+def time_decoding(
+    B: int, n_ctx: int, d: int, h: int, rounds: int, device: torch.device, dtype: torch.dtype,
+    clock: Callable[[], float], d_c: int, d_r: int, seed: int = 0,
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, object]]]:
+    """Per-round times of a decoding step and of a prefill, for every variant, interleaved."""
+    from attnlib import KVCache, LatentAttention, LatentCache
+
+    torch.manual_seed(seed)
+    variants = decoding_variants(d, h, device, dtype, d_c, d_r)
+    prompt = torch.randn(B, n_ctx, d, device=device, dtype=dtype)
+    step_x = torch.randn(B, 1, d, device=device, dtype=dtype)
+
+    def fresh_cache(module: nn.Module) -> object:
+        return LatentCache() if isinstance(module, LatentAttention) else KVCache()
+
+    def prefilled(name: str) -> object:
+        module, facts = variants[name]
+        cache = fresh_cache(module)
+        _decode_call(module, facts, prompt, cache)
+        return cache
+
+    facts_out: dict[str, dict[str, object]] = {}
+    with torch.no_grad():
+        # check: GQA/MQA equal plain MHA with K/V repeated; absorbed MLA equals naive MLA
+        results = {name: _decode_call(m, f, step_x, prefilled(name)) for name, (m, f) in variants.items()}
+        tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+        for name in ("gqa", "mqa"):
+            grouped = variants[name][0]
+            assert isinstance(grouped, MultiHeadAttention)
+            plain = grouped.expand_kv_heads()
+            cache = KVCache()
+            plain(prompt, prompt, prompt, need_weights=False, cache=cache)
+            torch.testing.assert_close(results[name], plain(step_x, step_x, step_x, need_weights=False, cache=cache)[0], **tol)
+        torch.testing.assert_close(results["mla_absorbed"], results["mla_naive"], **tol)
+        for name in variants:
+            c = prefilled(name)
+            facts_out[name] = dict(variants[name][1])
+            facts_out[name]["cache_bytes_per_token"] = c.nbytes // (B * n_ctx)  # type: ignore[attr-defined]
+        times: dict[str, dict[str, list[float]]] = {"decode_step": {n: [] for n in variants}, "prefill": {n: [] for n in variants}}
+        for r in range(rounds + 1):  # round 0 is a warm-up
+            names = list(variants)
+            names = names[r % len(names):] + names[: r % len(names)]
+            for name in names:
+                module, facts = variants[name]
+                cache = prefilled(name)
+                _sync(device)
+                t = clock()
+                _decode_call(module, facts, step_x, cache)
+                _sync(device)
+                step_t = clock() - t
+                cache = fresh_cache(module)
+                _sync(device)
+                t = clock()
+                _decode_call(module, facts, prompt, cache)
+                _sync(device)
+                prefill_t = clock() - t
+                if r:
+                    times["decode_step"][name].append(step_t)
+                    times["prefill"][name].append(prefill_t)
+    return times, facts_out
+
+
+def run_decoding(
+    B: int, n_ctx: int, d: int, h: int, rounds: int, device: torch.device, dtype: torch.dtype,
+    clock_name: str, out: Path, d_c: int, d_r: int,
+) -> list[dict[str, object]]:
+    """Time the decoding variants, print a table and write ``out`` (CSV)."""
+    clock = time.process_time if clock_name == "cpu" else time.perf_counter
+    times, facts = time_decoding(B, n_ctx, d, h, rounds, device, dtype, clock, d_c, d_r)
+    date = datetime.date.today().isoformat()
+    rows: list[dict[str, object]] = []
+    for mode, per_variant in times.items():
+        ref = per_variant["mha"]
+        for name, ts in per_variant.items():
+            q1, med, q3 = statistics.quantiles(ts, n=4) if len(ts) > 1 else (ts[0], ts[0], ts[0])
+            ratios = [a / b for a, b in zip(ts, ref)]
+            row = {
+                "device": device.type, "threads": torch.get_num_threads(), "clock": clock_name,
+                "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "mode": mode,
+                "B": B, "n_ctx": n_ctx, "d_model": d, "h": h, "variant": name,
+                "num_kv_heads": facts[name]["num_kv_heads"], "d_c": facts[name]["d_c"], "d_r": facts[name]["d_r"],
+                "cache_bytes_per_token": facts[name]["cache_bytes_per_token"],
+                "median_ms": round(1e3 * statistics.median(ts), 4), "q1_ms": round(1e3 * q1, 4),
+                "q3_ms": round(1e3 * q3, 4), "rounds": len(ts),
+                "ratio_vs_mha": round(statistics.median(ratios), 3), "date": date,
+            }
+            rows.append(row)
+            print(f"{mode:11s} {name:13s} cache {row['cache_bytes_per_token']:>6} B/token  "
+                  f"{row['median_ms']:9.3f} ms  ({row['ratio_vs_mha']:.2f}x MHA)", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=DECODING_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {out}")
+    return rows
+
+
+# ---- end of the decoding section --------------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
@@ -334,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", action="store_true", help="only B=8, n=256, d=512, h=8: attnlib vs torch MHA")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds: a smoke test")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--decoding", action="store_true",
+                   help="chapter 8: a decoding step and a prefill for MHA, GQA, MQA, MLA naive/absorbed")
+    p.add_argument("--n-ctx", type=int, default=1024, help="--decoding: cached positions before the step")
     a = p.parse_args(argv)
 
     device = torch.device(a.device)
@@ -345,6 +510,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     dtype = getattr(torch, a.dtype)
     clock = time.process_time if a.clock == "cpu" else time.perf_counter
+    if a.decoding:
+        n_ctx, rounds = (32, 2) if a.quick else (a.n_ctx, a.rounds)
+        d_model, h = (64, 4) if a.quick else (a.d_model, a.heads_at_lengths)
+        out_d = Path(a.out or f"benchmarks/results/{device.type}_decoding.csv")
+        run_decoding(a.batch, n_ctx, d_model, h, rounds, device, dtype, a.clock, out_d, d_c=d_model // 4, d_r=d_model // (2 * h))
+        return 0
     names = list(a.variants)
     for needed in ("attnlib", "torch_mha", "torch_mha_noweights"):
         if needed not in names:

@@ -1,0 +1,178 @@
+"""attnlib.interop's Llama layout, checked against the REAL Hugging Face ``LlamaAttention``.
+
+``LlamaAttention`` is built offline from a small ``LlamaConfig`` with random weights,
+grouped-query attention and RoPE, eager attention. attnlib reads its ``q_proj``,
+``k_proj``, ``v_proj``, ``o_proj`` and reproduces its outputs and attention weights
+under a causal mask, in one pass and by cached decoding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attnlib import KVCache, MultiHeadAttention
+from attnlib.decoding import causal_mask
+from attnlib.interop import GroupedAttentionWeights, read_llama, write_llama
+
+llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+from transformers import LlamaConfig  # noqa: E402
+
+TOL32 = {"atol": 1e-5, "rtol": 1e-5}
+
+
+def _config(**kw: object) -> LlamaConfig:
+    base: dict[str, object] = {
+        "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rope_theta": 1000.0, "intermediate_size": 64, "num_hidden_layers": 1,
+    }
+    base.update(kw)
+    config = LlamaConfig(**base)
+    config._attn_implementation = "eager"
+    return config
+
+
+def _llama(config: LlamaConfig, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    attn = llama.LlamaAttention(config, layer_idx=0).eval()
+    with torch.no_grad():  # nn.Linear's default init is small; make the weights matter
+        for p in attn.parameters():
+            p.normal_(0.0, 0.3)
+    return attn
+
+
+def _llama_causal(attn: nn.Module, config: LlamaConfig, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face's own call: RoPE tables from LlamaRotaryEmbedding, additive causal mask."""
+    B, n, _ = x.shape
+    rotary = llama.LlamaRotaryEmbedding(config)
+    positions = torch.arange(n)[None].expand(B, n)
+    cos, sin = rotary(x, positions)
+    additive = torch.zeros(n, n).masked_fill(~causal_mask(n), float("-inf"))[None, None]  # (1, 1, n, n)
+    with torch.no_grad():
+        return attn(x, position_embeddings=(cos, sin), attention_mask=additive)
+
+
+@pytest.mark.parametrize("kw", [{}, {"num_key_value_heads": 1}, {"num_key_value_heads": 4}, {"attention_bias": True}])
+def test_llama_attention_outputs_and_weights_reproduced(kw: dict[str, object]) -> None:
+    config = _config(**kw)
+    attn = _llama(config)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(1))
+    out_hf, w_hf = _llama_causal(attn, config, x)
+    ours = MultiHeadAttention.from_grouped_weights(read_llama(attn))
+    assert ours.num_kv_heads == config.num_key_value_heads and ours.rope_base == 1000.0
+    with torch.no_grad():
+        out, w = ours(x, x, x, mask=causal_mask(7))
+    torch.testing.assert_close(out, out_hf, **TOL32)
+    torch.testing.assert_close(w, w_hf, **TOL32)
+    assert (out - out_hf).abs().max() <= 1e-5 and (w - w_hf).abs().max() <= 1e-5  # type: ignore[operator]
+
+
+def test_llama_attention_reproduced_by_cached_decoding() -> None:
+    config = _config()
+    attn = _llama(config, seed=3)
+    x = torch.randn(1, 6, 32, generator=torch.Generator().manual_seed(2))
+    out_hf, _ = _llama_causal(attn, config, x)
+    ours = MultiHeadAttention.from_grouped_weights(read_llama(attn))
+    cache = KVCache()
+    with torch.no_grad():
+        outs = [ours(x[:, :3], x[:, :3], x[:, :3], cache=cache)[0]]
+        for t in range(3, 6):
+            step = x[:, t : t + 1]
+            outs.append(ours(step, step, step, cache=cache)[0])
+    torch.testing.assert_close(torch.cat(outs, dim=1), out_hf, **TOL32)
+    assert cache.nbytes == 2 * 1 * 6 * 2 * 8 * 4  # 2 B n g d_k itemsize
+
+
+def _random_grouped(bias: bool, seed: int = 0) -> GroupedAttentionWeights:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    b = (r(12), r(4), r(4), r(12)) if bias else (None, None, None, None)
+    return GroupedAttentionWeights(r(12, 12), r(12, 4), r(12, 4), r(12, 12), 6, 2, *b, rope_base=500.0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_write_then_read_gives_the_weights_back(bias: bool) -> None:
+    w = _random_grouped(bias)
+    layers = write_llama(w)
+    assert layers["q_proj"].weight.shape == (12, 12) and layers["k_proj"].weight.shape == (4, 12)
+    again = read_llama(layers, num_heads=6, rope_base=500.0)
+    assert again.num_kv_heads == 2 and again.rope_base == 500.0
+    for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
+        a, b = getattr(w, name), getattr(again, name)
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, atol=0, rtol=0)
+    assert read_llama(layers, num_heads=6).rope_base is None  # no config, no RoPE unless told
+
+
+def test_written_layers_load_into_a_real_llama_attention() -> None:
+    config = _config()
+    attn = _llama(config)
+    w = read_llama(attn)
+    fresh = llama.LlamaAttention(config, layer_idx=0)
+    fresh.load_state_dict(write_llama(w).state_dict())
+    for name, p in attn.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[name], p, atol=0, rtol=0)
+
+
+def test_missing_bias_is_read_as_zero() -> None:
+    """Qwen2-style: q, k, v with bias, o_proj without; the zero bias computes the same."""
+    layers = write_llama(_random_grouped(True))
+    layers["o_proj"] = nn.Linear(12, 12, bias=False, dtype=torch.float64)
+    w = read_llama(layers, num_heads=6)
+    assert w.b_o is not None and not w.b_o.any()
+
+
+def test_read_llama_errors() -> None:
+    layers = write_llama(_random_grouped(False))
+    with pytest.raises(ValueError, match="num_heads must be given when attn has no config"):
+        read_llama(layers)
+    broken = nn.ModuleDict(dict(layers.items()))
+    broken["v_proj"] = nn.Identity()
+    with pytest.raises(TypeError, match="attn.v_proj must be an nn.Linear, got Identity"):
+        read_llama(broken, num_heads=6)
+    attn = _llama(_config())
+    with pytest.raises(ValueError, match="num_heads=2 disagrees with attn.config.num_attention_heads=4"):
+        read_llama(attn, num_heads=2)
+    with pytest.raises(ValueError, match="rope_base=10.0 disagrees with the config's rope_theta=1000.0"):
+        read_llama(attn, rope_base=10.0)
+    with pytest.raises(ValueError, match="rope_type 'linear'"):
+        read_llama(_llama(_config(rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0})))
+    with pytest.raises(ValueError, match="attention_dropout=0.1 > 0"):
+        read_llama(_llama(_config(attention_dropout=0.1)))
+    with pytest.raises(ValueError, match=r"head_dim \(16\) \* num_attention_heads \(4\) must equal hidden_size \(32\)"):
+        read_llama(_llama(_config(head_dim=16)))
+    attn = _llama(_config())
+    attn.config.num_key_value_heads = 1
+    with pytest.raises(ValueError, match="config.num_key_value_heads = 1"):
+        read_llama(attn)
+    with pytest.raises(TypeError, match="num_heads must be a positive int, got bool True"):
+        read_llama(layers, num_heads=True)
+    with pytest.raises(ValueError, match="q_proj has 12 outputs, not a multiple of num_heads=5"):
+        read_llama(layers, num_heads=5)
+    with pytest.raises(ValueError, match=r"w_k must have shape \(12, 3\)"):
+        read_llama(layers, num_heads=4)  # d_k = 3: k_proj's 4 outputs are no whole number of heads
+    with pytest.raises(TypeError, match="weights must be a GroupedAttentionWeights"):
+        write_llama(object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"num_kv_heads": 4}, r"num_kv_heads \(4\) must divide num_heads \(6\)"),
+        ({"num_heads": 0}, "num_heads must be a positive int, got 0"),
+        ({"num_heads": 8, "num_kv_heads": 4}, r"d_model \(12\) must be divisible by num_heads \(8\)"),
+        ({"w_q": torch.zeros(12, 6)}, r"w_q must have shape \(d_model, d_model\)"),
+        ({"w_k": torch.zeros(12, 12)}, r"w_k must have shape \(12, 4\) for d_model=12, num_heads=6, num_kv_heads=2, got \(12, 12\)"),
+        ({"b_q": torch.zeros(12)}, "all four projections or for none"),
+        ({"b_q": torch.zeros(4)}, r"b_q must have shape \(12,\)"),
+        ({"rope_base": 1}, r"rope_base \(RoPE's theta\) must be > 1"),
+    ],
+)
+def test_grouped_weights_validation(change: dict[str, object], match: str) -> None:
+    w = _random_grouped(False)
+    fields = {n: getattr(w, n) for n in ("w_q", "w_k", "w_v", "w_o", "num_heads", "num_kv_heads", "b_q", "b_k", "b_v", "b_o", "rope_base")}
+    fields.update(change)
+    with pytest.raises(ValueError, match=match):
+        GroupedAttentionWeights(**fields)  # type: ignore[arg-type]
