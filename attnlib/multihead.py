@@ -2,7 +2,7 @@ r"""Multi-head attention, fused and as separate heads (chapters 2 and 3).
 
 .. math::
     \mathrm{head}_i = \mathrm{Attention}(Q W_i^Q,\; K W_i^K,\; V W_i^V), \qquad
-    \mathrm{MultiHead}(Q, K, V) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W^O
+    \mathrm{MultiHead}(Q, K, V) = \mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W^O
 
 with :math:`W_i^Q, W_i^K \in \mathbb{R}^{d_{model} \times d_k}`,
 :math:`W_i^V \in \mathbb{R}^{d_{model} \times d_v}`,
@@ -304,7 +304,7 @@ class MultiHeadAttention(nn.Module):
         *,
         cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        r""":math:`\mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W^O`, all heads at once.
+        r""":math:`\mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W^O`, all heads at once.
 
         Project: one product per role, split into heads ``(B, h, n, d_k)`` (keys and
         values into ``g`` groups). With RoPE, rotate queries and keys; with a cache,

@@ -353,14 +353,15 @@ def head_blocks(
         )
     d_k, d_v = q.shape[1] // num_heads, c.shape[1] // num_heads
     colours = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.6), layout="constrained",
+    # dpi 130 and words in the titles: at 100 dpi the italic Q of W^Q read as an O
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.6), layout="constrained", dpi=130,
                              width_ratios=[q.shape[1], c.shape[1], o.shape[1]])
     panels = [
-        (axes[0], q, "1. $W^Q$: column block $i$ is $W_i^Q$", "column (block $i$: head $i$)",
+        (axes[0], q, "1. $W^Q$ (queries): block $i$ is $W_i^Q$", "column (block $i$: head $i$)",
          "row (input feature)", "col", d_k, "$W_{%d}^Q$"),
         (axes[1], c, "2. Concat: block $i$ is head $i$", "column (block $i$: head $i$)",
          "row (position)", "col", d_v, "head %d"),
-        (axes[2], o, "3. $W^O$: row block $i$ is $W_i^O$", "column (output feature)",
+        (axes[2], o, "3. $W^O$ (output): row block $i$ is $W_i^O$", "column (output feature)",
          "row (block $i$: head $i$)", "row", d_v, "$W_{%d}^O$"),
     ]
     for ax, m, title, xlabel, ylabel, kind, width, label in panels:
@@ -375,11 +376,11 @@ def head_blocks(
                 centre = (m.shape[1] / 2 - 0.5, start + width / 2)
             ax.add_patch(plt.Rectangle(xy, w, h_, facecolor=colours(i % 10), alpha=0.35,
                                        edgecolor=colours(i % 10), linewidth=2))
-            ax.text(*centre, label % i, ha="center", va="center", fontsize=9,
+            ax.text(*centre, label % i, ha="center", va="center", fontsize=11,
                     bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=1))
         _finish(ax, xlabel, ylabel, None, grid="both")
         ax.grid(False)
-        ax.set_title(title, fontsize=10)
+        ax.set_title(title, fontsize=11)
     return fig
 
 

@@ -20,7 +20,7 @@ Each layer's self-attention is stored as four ``nn.Linear`` layers in
 :class:`attnlib.MultiHeadAttention` computing
 
 .. math::
-    \mathrm{MultiHead}(X) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_{12})\, W^O + b^O,
+    \mathrm{MultiHead}(X) = \mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{11})\, W^O + b^O,
     \qquad \mathrm{head}_i = \mathrm{softmax}\!\left(
         \frac{(X W_i^Q + b_i^Q)(X W_i^K + b_i^K)^\top}{\sqrt{32}}\right)(X W_i^V + b_i^V),
 

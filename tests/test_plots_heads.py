@@ -32,6 +32,8 @@ def test_head_blocks_draws_one_block_per_head_in_each_panel() -> None:
     assert texts[0] == [f"$W_{{{i}}}^Q$" for i in range(4)]
     assert texts[1] == [f"head {i}" for i in range(4)]
     assert texts[2] == [f"$W_{{{i}}}^O$" for i in range(4)]
+    # the titles say which matrix in words too: at low resolution Q and O look alike
+    assert "queries" in axes[0].get_title() and "output" in axes[2].get_title()
     # column blocks of W^Q and of Concat, row blocks of W^O, each d_k = 4 wide
     q_block, o_block = axes[0].patches[1], axes[2].patches[1]
     assert (q_block.get_x(), q_block.get_width()) == (3.5, 4)
