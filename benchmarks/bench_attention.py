@@ -46,6 +46,7 @@ Usage (from the repository root)::
     python benchmarks/bench_attention.py --device cuda --out benchmarks/results/cuda_sweep.csv
     python benchmarks/bench_attention.py --device cuda --target --out benchmarks/results/cuda_target.csv
     python benchmarks/bench_attention.py --quick                # a few seconds: smoke test
+    python benchmarks/bench_attention.py --decoding --threads 1 --clock cpu --rounds 5  # chapter 8
 
 ``--target`` measures only the book's reference layer (B=8, n=256, d_model=512,
 h=8) with attnlib against ``torch.nn.MultiheadAttention``, with more rounds.
@@ -60,6 +61,8 @@ The committed results in ``benchmarks/results/`` come from the book's build mach
 - ``cpu_sweep.csv`` / ``.png``: ``--threads 1 --clock cpu --rounds 7 --heads 1 4 16``
   (other jobs shared the cores, so one thread and CPU time; 9.5 minutes, load average 4 to 7);
 - ``cpu_target.csv``: ``--target --threads 1 --clock cpu --rounds 60``;
+- ``cpu_decoding.csv``: ``--decoding --threads 1 --clock cpu --rounds 5`` (one decoding step and a prefill
+  for MHA, GQA, MQA and MLA, with cache bytes per token);
 - ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock, attnlib's previous forward,
   measured while the machine was otherwise idle).
 """
