@@ -241,8 +241,9 @@ def train_recall(
 
     ``loss="squared"``: the read-out must reproduce the number itself,
     :math:`\lVert \text{logits} - (e_m - \tfrac1M \mathbf 1) \rVert^2` averaged over the
-    batch (the one-hot vector of the target number ``m``, centred so that a model
-    without biases can fit it exactly). ``loss="cross_entropy"``: the usual
+    batch (the one-hot vector of the target number ``m``, centred: the ``M`` targets
+    sum to zero and span ``M - 1`` dimensions, so fitting them needs a head of width
+    ``d_k >= M - 1``; plain one-hot targets would need ``M``). ``loss="cross_entropy"``: the usual
     classification loss, which only asks the target to have the largest logit.
     """
     check_positive_int("steps", steps)
