@@ -59,9 +59,7 @@ The committed results in ``benchmarks/results/`` come from the book's build mach
 
 - ``cpu_sweep.csv`` / ``.png``: ``--threads 1 --clock cpu --rounds 7 --heads 1 4 16``
   (other jobs shared the cores, so one thread and CPU time; 9.5 minutes, load average 4 to 7);
-- ``cpu_target.csv``: ``--target --threads 1 --clock cpu --rounds 60``;
-- ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock, attnlib's previous forward,
-  measured while the machine was otherwise idle).
+- ``cpu_target.csv``: ``--target --threads 1 --clock cpu --rounds 60``.
 """
 
 from __future__ import annotations
