@@ -15,14 +15,24 @@ packed ``nn.Linear(d, 3d)`` (nanoGPT)   ``c_attn.weight`` = ``[W^Q | W^K | W^V]�
 separate ``nn.Linear`` (BERT)           ``query/key/value/output.dense.weight`` = ``Wᵀ``: ``(out, in)``
 GPT-2 ``Conv1D`` (in, out)              ``c_attn.weight`` = ``[W^Q | W^K | W^V]``: ``(d, 3d)``,
                                         ``c_proj.weight`` = ``W^O``: ``(d, d)``
+Hugging Face Llama (chapter 8)          ``q_proj.weight`` = ``(W^Q)ᵀ``: ``(h d_k, d)``,
+                                        ``k_proj/v_proj.weight`` = ``(W^K)ᵀ, (W^V)ᵀ``: ``(g d_k, d)``
+                                        (``g`` key/value heads), ``o_proj.weight`` = ``(W^O)ᵀ``: ``(d, h d_k)``
 =====================================  =======================================
 
-Readers (``read_*``) return an :class:`AttentionWeights` of copies; writers
-(``write_*``) take one and return the other layout. ``read_X(write_X(w)) == w``
-exactly: the conversions only transpose, cut and concatenate.
+Readers (``read_*``) return an :class:`AttentionWeights` of copies (``read_llama``: a
+:class:`GroupedAttentionWeights`); writers (``write_*``) take one and return the other
+layout. ``read_X(write_X(w)) == w`` exactly: the conversions only transpose, cut and
+concatenate.
 
 Masks: attnlib uses ``True`` = may attend; ``nn.MultiheadAttention``'s
-``attn_mask`` and ``key_padding_mask`` use ``True`` = may **not** attend.
+``attn_mask`` and ``key_padding_mask`` use ``True`` = may **not** attend. Hugging Face
+models take a 0/1 ``attention_mask`` ``(B, n_k)``; in transformers 5 ``BertModel`` hands
+its layers ``create_bidirectional_mask``'s ``(B, 1, n_q, n_k)`` mask (additive, 0 or
+``finfo(dtype).min``, with eager attention; boolean, ``True`` = may attend, with SDPA;
+``None`` when nothing is padding). The helpers ``additive_mask``, ``mask_from_additive``,
+``mask_from_padding``, ``hf_extended_mask``, ``to_torch_mha_masks``,
+``from_torch_mha_masks`` and ``fully_masked_rows`` convert between these.
 """
 
 from __future__ import annotations
@@ -312,10 +322,15 @@ def mask_from_padding(attention_mask: Tensor, padding_is_true: bool = False) -> 
 
 
 def hf_extended_mask(attention_mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Hugging Face's extended attention mask for eager attention: ``(B, n_k)`` of 1/0 ->
-    ``(B, 1, 1, n_k)`` additive, 0 for real tokens and ``torch.finfo(dtype).min`` for
-    padding, the ``(1 - mask) * finfo.min`` of ``BertModel`` (broadcast over heads and
-    queries)."""
+    """Hugging Face's additive mask for eager attention: ``(B, n_k)`` of 1/0 ->
+    ``(B, 1, 1, n_k)``, 0 for real tokens and ``torch.finfo(dtype).min`` for padding.
+
+    This is the ``(1 - mask) * finfo.min`` that transformers 4's
+    ``get_extended_attention_mask`` returned. transformers 5's ``create_bidirectional_mask``
+    (which ``BertModel`` calls) returns, with eager attention and some padding, the same
+    values broadcast to ``(B, 1, n_q, n_k)``: ``hf_extended_mask(m).expand(B, 1, n_q, n_k)``;
+    with SDPA it returns a boolean mask instead (``mask_from_padding`` broadcast), and
+    ``None`` in both cases when nothing is padding."""
     return additive_mask(mask_from_padding(attention_mask), dtype=dtype, fill="min")
 
 

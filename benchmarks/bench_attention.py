@@ -62,9 +62,7 @@ The committed results in ``benchmarks/results/`` come from the book's build mach
   (other jobs shared the cores, so one thread and CPU time; 9.5 minutes, load average 4 to 7);
 - ``cpu_target.csv``: ``--target --threads 1 --clock cpu --rounds 60``;
 - ``cpu_decoding.csv``: ``--decoding --threads 1 --clock cpu --rounds 5`` (one decoding step and a prefill
-  for MHA, GQA, MQA and MLA, with cache bytes per token);
-- ``cpu_target_2threads.csv``: ``--target --rounds 60`` (two threads, wall clock, attnlib's previous forward,
-  measured while the machine was otherwise idle).
+  for MHA, GQA, MQA and MLA, with cache bytes per token).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """attnlib.interop's mask conversions, checked against the real library calls:
 ``F.scaled_dot_product_attention``, ``nn.MultiheadAttention`` (``attn_mask``,
-``key_padding_mask``, 3-D per-head masks) and Hugging Face's eager ``BertSelfAttention``
-with its extended additive mask. Masks are boolean, ``True`` = may attend.
+``key_padding_mask``, 3-D per-head masks), Hugging Face's eager ``BertSelfAttention``
+with its extended additive mask, and transformers' ``create_bidirectional_mask``. Masks are boolean, ``True`` = may attend.
 """
 
 from __future__ import annotations
@@ -159,6 +159,29 @@ def test_hf_extended_mask_matches_real_bert(b: int, n: int, seed: int) -> None:
         ref, w_ref = attention(q, k, v, mask=mask_from_padding(hf))
     torch.testing.assert_close(w_got, w_ref)
     torch.testing.assert_close(got, ref.transpose(1, 2).reshape(b, n, 8))
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_create_bidirectional_mask_is_hf_extended_or_padding_mask(impl: str) -> None:
+    """transformers 5's create_bidirectional_mask (what BertModel hands its layers): with
+    padding, eager gives hf_extended_mask broadcast to (B, 1, n, n), SDPA the boolean
+    mask_from_padding broadcast; without padding, None for both."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.masking_utils import create_bidirectional_mask
+
+    config = transformers.BertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16, num_hidden_layers=1)
+    config._attn_implementation = impl
+    b, n = 2, 5
+    x = torch.randn(b, n, 8)
+    hf = torch.ones(b, n, dtype=torch.long)
+    assert create_bidirectional_mask(config=config, inputs_embeds=x, attention_mask=hf) is None
+    hf[1, -2:] = 0
+    made = create_bidirectional_mask(config=config, inputs_embeds=x, attention_mask=hf)
+    assert made is not None and made.shape == (b, 1, n, n)
+    if impl == "eager":
+        assert torch.equal(made, hf_extended_mask(hf, x.dtype).expand(b, 1, n, n))
+    else:
+        assert made.dtype == torch.bool and torch.equal(made, mask_from_padding(hf).expand(b, 1, n, n))
 
 
 def test_fully_masked_rows_across_libraries() -> None:
