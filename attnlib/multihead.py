@@ -346,10 +346,6 @@ class MultiHeadAttention(nn.Module):
         # attend: every head at once
         weights: Tensor | None = None
         if need_weights:
-            # one contiguous copy per role, laid out as the batched products read them: q k^T
-            # then reads k transposed in place instead of copying it transposed (about 4% of
-            # this pass at the book's reference layer, CPU)
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             scores = (q * self.d_k**-0.5) @ k.transpose(-2, -1)  # (B, h, n_q, n_k)
             if mask is None and not scores.requires_grad:
                 # in place: no autograd graph keeps the scores; one fewer B*h*n_q*n_k buffer
