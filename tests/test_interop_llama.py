@@ -8,6 +8,8 @@ under a causal mask, in one pass and by cached decoding.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import pytest
 import torch
 from torch import nn
@@ -16,26 +18,29 @@ from attnlib import KVCache, MultiHeadAttention
 from attnlib.decoding import causal_mask
 from attnlib.interop import GroupedAttentionWeights, read_llama, write_llama
 
-llama = pytest.importorskip("transformers.models.llama.modeling_llama")
-from transformers import LlamaConfig  # noqa: E402
+
+def _hf_llama() -> ModuleType:
+    """transformers' Llama modelling module, imported on first use: importing it takes
+    seconds, which every pytest worker would pay while collecting if it were done here."""
+    return pytest.importorskip("transformers.models.llama.modeling_llama")
 
 TOL32 = {"atol": 1e-5, "rtol": 1e-5}
 
 
-def _config(**kw: object) -> LlamaConfig:
+def _config(**kw: object) -> "LlamaConfig":
     base: dict[str, object] = {
         "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
         "rope_theta": 1000.0, "intermediate_size": 64, "num_hidden_layers": 1,
     }
     base.update(kw)
-    config = LlamaConfig(**base)
+    config = _hf_llama().LlamaConfig(**base)
     config._attn_implementation = "eager"
     return config
 
 
 def _llama(config: LlamaConfig, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    attn = llama.LlamaAttention(config, layer_idx=0).eval()
+    attn = _hf_llama().LlamaAttention(config, layer_idx=0).eval()
     with torch.no_grad():  # nn.Linear's default init is small; make the weights matter
         for p in attn.parameters():
             p.normal_(0.0, 0.3)
@@ -45,7 +50,7 @@ def _llama(config: LlamaConfig, seed: int = 0) -> nn.Module:
 def _llama_causal(attn: nn.Module, config: LlamaConfig, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Hugging Face's own call: RoPE tables from LlamaRotaryEmbedding, additive causal mask."""
     B, n, _ = x.shape
-    rotary = llama.LlamaRotaryEmbedding(config)
+    rotary = _hf_llama().LlamaRotaryEmbedding(config)
     positions = torch.arange(n)[None].expand(B, n)
     cos, sin = rotary(x, positions)
     additive = torch.zeros(n, n).masked_fill(~causal_mask(n), float("-inf"))[None, None]  # (1, 1, n, n)
@@ -110,7 +115,7 @@ def test_written_layers_load_into_a_real_llama_attention() -> None:
     config = _config()
     attn = _llama(config)
     w = read_llama(attn)
-    fresh = llama.LlamaAttention(config, layer_idx=0)
+    fresh = _hf_llama().LlamaAttention(config, layer_idx=0)
     fresh.load_state_dict(write_llama(w).state_dict())
     for name, p in attn.state_dict().items():
         torch.testing.assert_close(fresh.state_dict()[name], p, atol=0, rtol=0)
