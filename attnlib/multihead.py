@@ -385,15 +385,19 @@ class MultiHeadAttention(nn.Module):
             w_q=g.w_q, w_k=g.w_k, w_v=g.w_v, w_o=g.w_o, b_q=g.b_q, b_k=g.b_k, b_v=g.b_v, b_o=g.b_o
         )
 
-    @classmethod
-    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> "MultiHeadAttention":
-        """A module holding copies of ``weights`` (paper orientation)."""
-        mha = cls(weights.d_model, num_heads, bias=weights.bias, device=weights.w_q.device, dtype=weights.w_q.dtype)
+    def _copy_from(self, weights: AttentionWeights | GroupedAttentionWeights) -> None:
+        """Copy the four projections and biases of a record of the same shapes into this module."""
         with torch.no_grad():
             for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
                 src = getattr(weights, name)
                 if src is not None:
-                    getattr(mha, name).copy_(src)
+                    getattr(self, name).copy_(src)
+
+    @classmethod
+    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> "MultiHeadAttention":
+        """A module holding copies of ``weights`` (paper orientation)."""
+        mha = cls(weights.d_model, num_heads, bias=weights.bias, device=weights.w_q.device, dtype=weights.w_q.dtype)
+        mha._copy_from(weights)
         return mha
 
     def grouped_weights(self) -> GroupedAttentionWeights:
@@ -432,11 +436,7 @@ class MultiHeadAttention(nn.Module):
             device=w_q.device,
             dtype=w_q.dtype,
         )
-        with torch.no_grad():
-            for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
-                src = getattr(weights, name)
-                if src is not None:
-                    getattr(mha, name).copy_(src)
+        mha._copy_from(weights)
         return mha
 
     def expand_kv_heads(self) -> "MultiHeadAttention":
