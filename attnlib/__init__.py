@@ -19,12 +19,12 @@ Masks: boolean, ``True`` = may attend.
 """
 
 from attnlib import audit
-from attnlib._core import AttentionWeights
+from attnlib._core import AttentionWeights, rounding_tolerance
 from attnlib.attention import attention, masked_softmax
 from attnlib.audit import AuditReport, diagnose
 from attnlib.decoding import KVCache, LatentAttention, LatentCache
 from attnlib.explorers import head_explorer, sharpness_explorer
-from attnlib.lowrank import FactoredMatrix, FlopCount, ov_circuit, qk_circuit
+from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
 from attnlib.multihead import HeadWeights, MultiHeadAttention, SeparateHeadsAttention
 from attnlib.pretrained import mean_pool, minilm_attention
 from attnlib.recall import PhoneBookTask, RecallBatch, RecallHead, block_fractions, train_recall
@@ -37,11 +37,14 @@ __all__ = [
     "HeadWeights",
     "MultiHeadAttention",
     "SeparateHeadsAttention",
+    # rounding: tolerances derived, not tuned (every chapter)
+    "rounding_tolerance",
     # chapter 4
     "FactoredMatrix",
     "FlopCount",
     "qk_circuit",
     "ov_circuit",
+    "fix_signs",
     # chapter 6
     "minilm_attention",
     "mean_pool",

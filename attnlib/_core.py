@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "rounding_tolerance",
     "format_shape",
     "check_tensor",
     "check_positive_int",
@@ -47,6 +48,43 @@ __all__ = [
     "read_torch_mha",
     "write_torch_mha",
 ]
+
+
+# ---- rounding ---------------------------------------------------------------------
+def rounding_tolerance(dtype: torch.dtype, *widths: int) -> float:
+    r"""How far two evaluations of the same computation may drift apart by rounding.
+
+    An inner product of length :math:`n` computed in floating point, in any order, is
+    off by at most :math:`\gamma_n = n u / (1 - n u) \approx n u` relative to
+    :math:`\sum_i |x_i y_i|` (:math:`u` = unit roundoff = ``eps / 2``; Higham,
+    *Accuracy and Stability of Numerical Algorithms*, 2002, section 3.1). A chain of
+    such products, one after another (a projection of width ``d_model``, then scores
+    of width ``d_k``, ...), adds their lengths to first order. Two implementations
+    that sum in different orders (another CPU, BLAS or thread count) are each that
+    close to the exact result, so they differ by at most
+
+    .. math::  2u \sum_j n_j = \varepsilon \sum_j n_j \quad (\varepsilon = \texttt{eps}),
+
+    relative to the size of the terms. This is a worst case, not a typical error:
+    measured gaps are usually far smaller, and a tolerance derived this way does not
+    depend on the machine it was written on.
+
+    Args:
+        dtype: a floating dtype, e.g. ``torch.float32``.
+        widths: the lengths of the inner products along the computation's path, one
+            per step (at least one, each at least 1).
+
+    Returns ``eps(dtype) * sum(widths)``.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if not widths:
+        raise ValueError("widths must name at least one inner-product length, got none")
+    for i, w in enumerate(widths):
+        _check_int(f"widths[{i}]", w, "a positive int")
+        if w < 1:
+            raise ValueError(f"widths[{i}] must be at least 1, got {w}")
+    return torch.finfo(dtype).eps * sum(widths)
 
 
 # ---- messages and validators ------------------------------------------------------

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from attnlib._core import check_tensor, format_shape
 from attnlib.attention import attention
-from attnlib.lowrank import qk_circuit
+from attnlib.lowrank import FactoredMatrix, qk_circuit
 from attnlib.multihead import MultiHeadAttention
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -249,6 +249,9 @@ def head_explorer(
     Embedded per sentence, layer and head: ``P``, ``K`` ``(t_b, d_k)`` and ``c`` ``(t_b,)``,
     each rounded to 3 significant digits of its largest entry (:func:`round_array`;
     on all-MiniLM-L6-v2 that moves no attention weight by more than about 0.01).
+    The SVD is computed in float64 with :func:`~attnlib.lowrank.fix_signs`' sign rule,
+    so the embedded numbers do not depend on the machine when the inputs do not (pass
+    float64 hidden states for that: float32 rounding could move a rounded digit).
     """
     if len(mhas) == 0 or len(mhas) != len(inputs):
         raise ValueError(
@@ -283,8 +286,10 @@ def head_explorer(
     per_sentence: list[list[list[dict[str, dict[str, Any]]]]] = [[] for _ in range(B)]
     with torch.no_grad():
         for m, x in zip(mhas, inputs):
-            u, s, vh = qk_circuit(m).svd()  # (h, d_model, d_k), (h, d_k), (h, d_k, d_model)
-            u, s, v = u.to(f64), s.to(f64), vh.to(f64).mT  # v: (h, d_model, d_k)
+            qk = qk_circuit(m)  # the SVD in float64: rounding cannot move a printed digit
+            qk = FactoredMatrix(qk.left.to(f64), qk.right.to(f64))
+            u, s, vh = qk.svd()  # (h, d_model, d_k), (h, d_k), (h, d_k, d_model), signs fixed
+            v = vh.mT  # (h, d_model, d_k)
             d = s.sqrt() / d_k**0.25  # (h, d_k)
             w_k = m.w_k_heads.detach().to(f64)  # (h, d_model, d_k)
             b_q = (m.b_q.detach().to(f64).view(h, d_k) if m.b_q is not None

@@ -31,7 +31,7 @@ from torch import Tensor
 from attnlib._core import check_index, check_positive_int, check_tensor, format_shape
 from attnlib.multihead import MultiHeadAttention
 
-__all__ = ["FactoredMatrix", "FlopCount", "qk_circuit", "ov_circuit"]
+__all__ = ["FactoredMatrix", "FlopCount", "qk_circuit", "ov_circuit", "fix_signs"]
 
 
 class FlopCount(NamedTuple):
@@ -55,25 +55,60 @@ def _check_factor(name: str, t: object, expected: str) -> Tensor:
 _T = TypeVar("_T")
 
 
+def _copied(value: _T) -> _T:
+    """A tensor, or a tuple of tensors, copied: what a caller does to the result
+    (``S.zero_()``) must not reach the cache."""
+    if isinstance(value, Tensor):
+        return value.clone()  # type: ignore[return-value]
+    if isinstance(value, tuple):
+        return tuple(_copied(v) for v in value)  # type: ignore[return-value]
+    return value
+
+
 def _cached(method: Callable[["FactoredMatrix"], _T]) -> Callable[["FactoredMatrix"], _T]:
     """Compute ``method`` once per instance and reuse it while ``left`` and ``right``
     are the same tensors, unchanged in place (their version counters say so). Factors
-    that require grad are never cached: each call builds its own graph."""
+    that require grad are never cached: each call builds its own graph. Each call
+    returns its own copy of the cached tensors."""
 
     @functools.wraps(method)
     def wrapper(self: "FactoredMatrix") -> _T:
         left, right = self.left, self.right
         if left.requires_grad or right.requires_grad:
             return method(self)
-        key = (left, right, left._version, right._version)
+        versions = (left._version, right._version)
         hit = self._cache.get(method.__name__)
-        if hit is not None and hit[0][:2] == (left, right) and hit[0][2:] == key[2:]:
-            return hit[1]
+        # `is`, not `==`: the factors may have been replaced by other tensors
+        if hit is not None and hit[0] is left and hit[1] is right and hit[2] == versions:
+            return _copied(hit[3])
         value = method(self)
-        self._cache[method.__name__] = (key, value)
-        return value
+        self._cache[method.__name__] = (left, right, versions, value)
+        return _copied(value)
 
     return wrapper
+
+
+def fix_signs(u: Tensor, vh: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Singular vectors with their sign fixed: ``(U D, D Vh)`` with ``D = diag(±1)``.
+
+    An SVD :math:`M = U \Sigma V^\top` leaves the sign of each pair
+    :math:`(u_j, v_j)` free: :math:`(-u_j)\,\sigma_j(-v_j)^\top` is the same term, and
+    LAPACKs on different CPUs return different signs. The rule here: the entry of
+    largest magnitude in each column of ``U`` is positive (the first one, if two
+    tie), and the matching row of ``Vh`` is flipped with it, so
+    :math:`U \Sigma V^\top` is unchanged.
+
+    Shapes: ``u``: ``(..., m, k)``, ``vh``: ``(..., k, n)``; returns the same shapes.
+    """
+    u, vh = check_tensor("u", u), check_tensor("vh", vh)
+    if u.dim() < 2 or vh.dim() < 2 or u.shape[-1] != vh.shape[-2]:
+        raise ValueError(
+            f"u must be (..., m, k) and vh (..., k, n) with the same k, "
+            f"got u {format_shape(u)} and vh {format_shape(vh)}")
+    biggest = u.abs().argmax(dim=-2, keepdim=True)  # (..., 1, k): first largest
+    sign = torch.gather(u, -2, biggest).sign()  # (..., 1, k)
+    sign = torch.where(sign == 0, torch.ones_like(sign), sign)  # a zero column: keep it
+    return u * sign, vh * sign.mT  # (..., m, k), (..., k, n)
 
 
 class FactoredMatrix:
@@ -122,7 +157,7 @@ class FactoredMatrix:
             ) from None
         self.left = left.expand(*batch, *left.shape[-2:])  # (..., m, r)
         self.right = right.expand(*batch, *right.shape[-2:])  # (..., r, n)
-        self._cache: dict[str, tuple[tuple[object, ...], Any]] = {}  # see _cached
+        self._cache: dict[str, tuple[Tensor, Tensor, tuple[int, int], Any]] = {}  # see _cached
 
     # ---- sizes ----------------------------------------------------------------
     @property
@@ -244,14 +279,17 @@ class FactoredMatrix:
         ``M``: cost :math:`O((m + n) r^2)` instead of :math:`O(m n \min(m, n))`.
 
         Returns ``U``: ``(..., m, k)``, ``S``: ``(..., k)`` (decreasing),
-        ``Vh``: ``(..., k, n)``, with ``k = min(m, n, r)``. Computed once per
-        instance while the factors stay unchanged (``@_cached``).
+        ``Vh``: ``(..., k, n)``, with ``k = min(m, n, r)``. Each pair of singular
+        vectors has its sign fixed by :func:`fix_signs` (a LAPACK may return either),
+        so the result is the same on every machine wherever the singular values are
+        distinct and nonzero; vectors of a zero or repeated singular value are any
+        orthonormal basis of their space. Computed once per instance while the
+        factors stay unchanged (``@_cached``); each call returns its own copy.
         """
         q_l, core, q_r = self._core()  # (.., m, k_l), (.., k_l, k_r), (.., n, k_r)
         u_c, s, vh_c = torch.linalg.svd(core, full_matrices=False)
         # u_c: (..., k_l, k), s: (..., k), vh_c: (..., k, k_r)
-        u = q_l @ u_c  # (..., m, k)
-        vh = vh_c @ q_r.mT  # (..., k, n)
+        u, vh = fix_signs(q_l @ u_c, vh_c @ q_r.mT)  # (..., m, k), (..., k, n)
         return u, s, vh
 
     @property
@@ -407,6 +445,7 @@ class FactoredMatrix:
                 f"for matrix {format_shape(matrix)}, got {k}"
             )
         u, s, vh = torch.linalg.svd(matrix, full_matrices=False)  # (.., m, p), (.., p), (.., p, n)
+        u, vh = fix_signs(u, vh)  # the same factors on every machine
         root = s[..., :k].sqrt()  # (..., k)
         return cls(u[..., :k] * root.unsqueeze(-2), root.unsqueeze(-1) * vh[..., :k, :])
 

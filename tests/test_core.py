@@ -133,3 +133,41 @@ def test_pack_then_split_is_the_identity(d: int, bias: bool, seed: int) -> None:
         a, b = getattr(back, name), getattr(w, name)
         assert (a is None and b is None) or torch.equal(a, b)
     assert back.w_q.data_ptr() != w_qkv.data_ptr()  # copies, not views
+
+
+# ---- rounding_tolerance -------------------------------------------------------------
+def test_rounding_tolerance_is_eps_times_the_summed_widths() -> None:
+    from attnlib import rounding_tolerance
+
+    eps32 = torch.finfo(torch.float32).eps
+    assert rounding_tolerance(torch.float32, 384, 32) == eps32 * 416
+    assert rounding_tolerance(torch.float64, 1) == torch.finfo(torch.float64).eps
+
+
+def test_rounding_tolerance_bounds_a_real_reordering() -> None:
+    """The bound holds for a sum done in two orders (float32 against float64)."""
+    from attnlib import rounding_tolerance
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 512, generator=g), torch.randn(512, 256, generator=g)
+    exact = x.double() @ w.double()  # (64, 256)
+    size = x.double().abs() @ w.double().abs()  # sum |x_i w_i| per entry
+    gap = ((x @ w).double() - exact).abs()
+    assert torch.all(gap <= rounding_tolerance(torch.float32, 512) * size)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((torch.int32, 4), TypeError, "dtype must be a floating torch.dtype"),
+        (("float32", 4), TypeError, "dtype must be a floating torch.dtype"),
+        ((torch.float32,), ValueError, "widths must name at least one"),
+        ((torch.float32, 4, 0), ValueError, r"widths\[1\] must be at least 1, got 0"),
+        ((torch.float32, 4.0), TypeError, r"widths\[0\] must be a positive int"),
+    ],
+)
+def test_rounding_tolerance_refuses_bad_input(args: tuple, error: type, match: str) -> None:
+    from attnlib import rounding_tolerance
+
+    with pytest.raises(error, match=match):
+        rounding_tolerance(*args)

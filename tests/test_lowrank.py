@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
-from attnlib.lowrank import FactoredMatrix, FlopCount, ov_circuit, qk_circuit
+from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
 from attnlib.multihead import MultiHeadAttention
 
 F64 = torch.float64
@@ -364,3 +364,55 @@ def test_svd_is_computed_once_and_again_after_an_in_place_change(monkeypatch: py
     grad.singular_values.sum().backward()  # never cached: each call has its own graph
     grad.singular_values.sum().backward()
     assert len(calls) == 4
+
+
+def test_svd_returns_copies_that_cannot_change_the_cache() -> None:
+    g = torch.Generator().manual_seed(3)
+    fm = FactoredMatrix(torch.randn(5, 3, generator=g, dtype=F64), torch.randn(3, 4, generator=g, dtype=F64))
+    assert int(fm.rank()) == 3
+    fm.svd()[1].zero_()  # a caller's in-place change to S ...
+    assert int(fm.rank()) == 3  # ... does not reach the cached SVD
+
+
+def test_svd_after_a_factor_is_replaced_is_recomputed() -> None:
+    g = torch.Generator().manual_seed(4)
+    fm = FactoredMatrix(torch.randn(5, 3, generator=g, dtype=F64), torch.randn(3, 4, generator=g, dtype=F64))
+    before = fm.singular_values
+    fm.left = 2 * fm.left  # another tensor: the cache must not compare tensors with ==
+    assert_close(fm.singular_values, 2 * before)
+
+
+# ---- the sign convention of singular vectors --------------------------------------
+@FAST
+@given(factored())
+def test_fix_signs_keeps_the_product_and_makes_each_largest_entry_positive(fm: FactoredMatrix) -> None:
+    u, s, vh = torch.linalg.svd(fm.full(), full_matrices=False)
+    fu, fvh = fix_signs(u, vh)
+    assert_close((fu * s.unsqueeze(-2)) @ fvh, (u * s.unsqueeze(-2)) @ vh)
+    biggest = fu.abs().argmax(dim=-2, keepdim=True)
+    assert torch.all(torch.gather(fu, -2, biggest) >= 0)
+    # a LAPACK that returned the opposite signs gives the same answer
+    flip = torch.where(torch.arange(u.shape[-1]) % 2 == 0, -1.0, 1.0).to(F64)  # (k,)
+    gu, gvh = fix_signs(u * flip, vh * flip.unsqueeze(-1))
+    assert torch.equal(gu, fu) and torch.equal(gvh, fvh)
+
+
+@FAST
+@given(factored())
+def test_factored_svd_has_the_sign_convention(fm: FactoredMatrix) -> None:
+    u, _, vh = fm.svd()
+    fu, fvh = fix_signs(u, vh)
+    assert torch.equal(fu, u) and torch.equal(fvh, vh)
+
+
+@pytest.mark.parametrize(
+    ("u", "vh", "error", "match"),
+    [
+        ([[1.0]], torch.ones(1, 1), TypeError, "u must be a torch.Tensor"),
+        (torch.ones(3), torch.ones(1, 3), ValueError, r"u must be \(\.\.\., m, k\).*got u \(3,\)"),
+        (torch.ones(3, 2), torch.ones(3, 4), ValueError, r"same k, got u \(3, 2\) and vh \(3, 4\)"),
+    ],
+)
+def test_fix_signs_refuses_bad_shapes(u: object, vh: object, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        fix_signs(u, vh)  # type: ignore[arg-type]
