@@ -19,7 +19,7 @@ Masks: boolean, ``True`` = may attend.
 """
 
 from attnlib import audit
-from attnlib._core import AttentionWeights, rounding_tolerance
+from attnlib._core import AttentionWeights, assert_rounding_close, rounding_tolerance
 from attnlib.attention import attention, masked_softmax
 from attnlib.audit import AuditReport, diagnose
 from attnlib.decoding import KVCache, LatentAttention, LatentCache
@@ -39,6 +39,7 @@ __all__ = [
     "SeparateHeadsAttention",
     # rounding: tolerances derived, not tuned (every chapter)
     "rounding_tolerance",
+    "assert_rounding_close",
     # chapter 4
     "FactoredMatrix",
     "FlopCount",

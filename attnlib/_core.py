@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "rounding_tolerance",
+    "assert_rounding_close",
     "format_shape",
     "check_tensor",
     "check_positive_int",
@@ -85,6 +86,35 @@ def rounding_tolerance(dtype: torch.dtype, *widths: int) -> float:
         if w < 1:
             raise ValueError(f"widths[{i}] must be at least 1, got {w}")
     return torch.finfo(dtype).eps * sum(widths)
+
+
+def assert_rounding_close(actual: Tensor, expected: Tensor, *widths: int) -> float:
+    r"""Assert that two evaluations of one computation agree to rounding; the bound used.
+
+    The bound is :func:`rounding_tolerance` of the coarser dtype and ``widths``, times
+    the size of the numbers, :math:`\max |\text{expected}|` (at least 1e-30):
+    ``|actual - expected| <= eps * sum(widths) * max|expected|`` elementwise. Use it
+    where two implementations (another library, another order of the same sums) are
+    compared in float32: the tolerance follows from the computation, not from the
+    machine it was first run on.
+
+    Shapes: ``actual`` and ``expected`` of one shape. Returns the bound, so that a
+    page can print it.
+    """
+    actual, expected = check_tensor("actual", actual), check_tensor("expected", expected)
+    if actual.shape != expected.shape:
+        raise ValueError(f"actual and expected must have one shape, got "
+                         f"{format_shape(actual)} and {format_shape(expected)}")
+    coarser = min((actual.dtype, expected.dtype), key=lambda d: torch.finfo(d).bits)
+    size = max(expected.detach().abs().max().item(), 1e-30) if expected.numel() else 1.0
+    bound = rounding_tolerance(coarser, *widths) * size
+    gap = (actual.detach().to(expected.dtype) - expected.detach()).abs().max().item() \
+        if expected.numel() else 0.0
+    if not gap <= bound:  # also catches NaN
+        raise AssertionError(
+            f"actual and expected differ by {gap:.3g}, more than rounding allows: "
+            f"eps({coarser}) x {sum(widths)} x max|expected| = {bound:.3g}")
+    return bound
 
 
 # ---- messages and validators ------------------------------------------------------

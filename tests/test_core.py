@@ -171,3 +171,28 @@ def test_rounding_tolerance_refuses_bad_input(args: tuple, error: type, match: s
 
     with pytest.raises(error, match=match):
         rounding_tolerance(*args)
+
+
+def test_assert_rounding_close_passes_rounding_and_fails_a_real_difference() -> None:
+    from attnlib import assert_rounding_close, rounding_tolerance
+
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(8, 384, generator=g), torch.randn(384, 32, generator=g)
+    exact = x.double() @ w.double()  # (8, 32)
+    bound = assert_rounding_close(x @ w, exact, 384)  # float32 against float64
+    assert bound == rounding_tolerance(torch.float32, 384) * exact.abs().max().item()
+    with pytest.raises(AssertionError, match="more than rounding allows"):
+        assert_rounding_close(x @ w + 0.1, exact, 384)
+    with pytest.raises(AssertionError, match="more than rounding allows"):
+        assert_rounding_close(torch.full((2,), float("nan")), torch.ones(2), 4)
+
+
+def test_assert_rounding_close_refuses_bad_input() -> None:
+    from attnlib import assert_rounding_close
+
+    with pytest.raises(ValueError, match=r"one shape, got \(2,\) and \(3,\)"):
+        assert_rounding_close(torch.ones(2), torch.ones(3), 4)
+    with pytest.raises(TypeError, match="actual must be a torch.Tensor"):
+        assert_rounding_close([1.0], torch.ones(1), 4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="widths must name at least one"):
+        assert_rounding_close(torch.ones(2), torch.ones(2))
