@@ -88,10 +88,14 @@ def rounding_tolerance(dtype: torch.dtype, *widths: int) -> float:
     return torch.finfo(dtype).eps * sum(widths)
 
 
-def assert_rounding_close(actual: Tensor, expected: Tensor, *widths: int) -> float:
+def assert_rounding_close(
+    actual: Tensor, expected: Tensor, *widths: int, dtype: torch.dtype | None = None
+) -> float:
     r"""Assert that two evaluations of one computation agree to rounding; the bound used.
 
-    The bound is :func:`rounding_tolerance` of the coarser dtype and ``widths``, times
+    The bound is :func:`rounding_tolerance` of ``dtype`` (by default the coarser of the
+    two tensors' dtypes; pass ``torch.float32`` where a float64 tensor went through a
+    float32 step, as Hugging Face's softmax does) and ``widths``, times
     the size of the numbers, :math:`\max |\text{expected}|` (at least 1e-30):
     ``|actual - expected| <= eps * sum(widths) * max|expected|`` elementwise. Use it
     where two implementations (another library, another order of the same sums) are
@@ -105,7 +109,8 @@ def assert_rounding_close(actual: Tensor, expected: Tensor, *widths: int) -> flo
     if actual.shape != expected.shape:
         raise ValueError(f"actual and expected must have one shape, got "
                          f"{format_shape(actual)} and {format_shape(expected)}")
-    coarser = min((actual.dtype, expected.dtype), key=lambda d: torch.finfo(d).bits)
+    coarser = dtype if dtype is not None else min(
+        (actual.dtype, expected.dtype), key=lambda d: torch.finfo(d).bits)
     size = max(expected.detach().abs().max().item(), 1e-30) if expected.numel() else 1.0
     bound = rounding_tolerance(coarser, *widths) * size
     gap = (actual.detach().to(expected.dtype) - expected.detach()).abs().max().item() \

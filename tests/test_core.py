@@ -196,3 +196,13 @@ def test_assert_rounding_close_refuses_bad_input() -> None:
         assert_rounding_close([1.0], torch.ones(1), 4)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="widths must name at least one"):
         assert_rounding_close(torch.ones(2), torch.ones(2))
+
+
+def test_assert_rounding_close_takes_the_dtype_that_rounded() -> None:
+    from attnlib import assert_rounding_close
+
+    exact = torch.linspace(0, 1, 11, dtype=torch.float64)
+    via_float32 = exact.float().double()  # float64 numbers that went through float32
+    with pytest.raises(AssertionError, match="float64"):
+        assert_rounding_close(via_float32, exact, 1)
+    assert assert_rounding_close(via_float32, exact, 1, dtype=torch.float32) > 0
