@@ -1,11 +1,17 @@
 # Two commands for a reader:
 #   make book    set up .venv (first time, or when requirements.txt changed) and build the site
-#   make test    the same set-up, then the whole test suite (pytest)
+#   make test    the same set-up and build, then the whole test suite (pytest)
 # Other targets: make venv (set-up only), make clean (remove the build), make distclean
-# (remove the build and .venv). Override the interpreter with PYTHON=/path/to/python3.11
-# and pass extra pip options with PIP_ARGS="..." (e.g. an extra index).
+# (remove the build and .venv). Python 3.11, 3.12 and 3.13 are supported: make takes the
+# first of python3.13, python3.12, python3.11 that runs; override it with
+# PYTHON=/path/to/python3.12, and pass extra pip options with PIP_ARGS="..." (e.g. an extra index).
 
-PYTHON ?= python3.11
+SUPPORTED := python3.13 python3.12 python3.11
+# `-c ''` as well as `command -v`: a pyenv shim exists for every installed version but
+# runs only the selected ones.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(or $(firstword $(foreach p,$(SUPPORTED),$(shell $(p) -c '' >/dev/null 2>&1 && echo $(p)))),python3.13)
+endif
 PIP_ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
@@ -22,45 +28,59 @@ help:
 	@echo "make test   set up .venv if needed and run the tests (pytest)"
 	@echo "make clean  remove _build;  make distclean  also remove .venv"
 
-book: $(STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
-	@echo "The book is in _build/html: open _build/html/index.html in a browser."
+# What the HTML is built from (the browser tests name the same list): the book is
+# rebuilt when one of them is newer than the last good build.
+HTML := _build/html
+BOOK_SOURCES := $(wildcard _config.yml _toc.yml *.md references.bib chapters/*.ipynb \
+                attnlib/*.py _static/* _ext/*.py images/*)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+book: $(HTML)/index.html
+	@echo "The book is in $(HTML): open $(HTML)/index.html in a browser."
+
+# A failed build (a warning is an error) removes index.html, so that the next make
+# builds again instead of taking a half-written site for a good one.
+$(HTML)/index.html: $(BOOK_SOURCES) $(STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going || { rm -f $@; exit 1; }
+	@touch $@
+
+# The browser tests read the build that `make book` made (ATTNLIB_BOOK_HTML) rather
+# than building the book a second time.
+test: $(HTML)/index.html
+	ATTNLIB_BOOK_HTML=$(HTML) $(BIN)/python -m pytest
 
 venv: $(STAMP)
 
-# Python 3.11, checked before anything is created, so a wrong or missing interpreter
-# stops with what to do rather than a traceback.
+# A supported Python (3.11 to 3.13), checked before anything is created, so a wrong or
+# missing interpreter stops with what to do rather than a traceback.
+SUPPORTED_CHECK := import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))
 $(BIN)/python:
-	@command -v $(PYTHON) >/dev/null 2>&1 || { \
+	@$(PYTHON) -c '' >/dev/null 2>&1 || { \
 	  echo ""; \
-	  echo "make: this book needs Python 3.11, and '$(PYTHON)' was not found."; \
-	  echo "  Install it, e.g. Debian/Ubuntu: sudo apt-get install python3.11 python3.11-venv"; \
-	  echo "                   macOS (Homebrew): brew install python@3.11"; \
-	  echo "                   or with uv: uv python install 3.11"; \
-	  echo "  or point make at one: make book PYTHON=/path/to/python3.11"; \
+	  echo "make: this book needs Python 3.11, 3.12 or 3.13, and '$(PYTHON)' was not found (or does not run)."; \
+	  echo "  Install one, e.g. Debian/Ubuntu: sudo apt-get install python3 python3-venv (Debian 12: 3.11, 13: 3.13)"; \
+	  echo "                   macOS (Homebrew): brew install python@3.13"; \
+	  echo "                   or with uv: uv python install 3.13"; \
+	  echo "  or point make at one: make book PYTHON=/path/to/python3.12"; \
 	  exit 1; }
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+	@$(PYTHON) -c '$(SUPPORTED_CHECK)' || { \
 	  echo ""; \
-	  echo "make: '$(PYTHON)' is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'), the book needs 3.11."; \
-	  echo "  Run: make book PYTHON=/path/to/python3.11"; \
+	  echo "make: '$(PYTHON)' is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'), the book needs 3.11, 3.12 or 3.13."; \
+	  echo "  Run: make book PYTHON=/path/to/python3.13"; \
 	  exit 1; }
 	@echo "Creating $(VENV) with $$($(PYTHON) -c 'import sys; print(sys.executable)') ..."
 	@$(PYTHON) -m venv $(VENV) >/dev/null 2>&1 || { \
 	  rm -rf $(VENV); \
 	  echo ""; \
 	  echo "make: could not create a virtual environment with $(PYTHON)."; \
-	  echo "  On Debian/Ubuntu the venv module is a separate package: sudo apt-get install python3.11-venv"; \
+	  echo "  On Debian/Ubuntu the venv module is a separate package: sudo apt-get install python3-venv"; \
 	  exit 1; }
 
 # Reinstalled only when requirements.txt or pyproject.toml (attnlib's dependencies)
 # changed since the last successful install.
 $(STAMP): requirements.txt pyproject.toml | $(BIN)/python
-	@$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+	@$(BIN)/python -c '$(SUPPORTED_CHECK)' || { \
 	  echo ""; \
-	  echo "make: $(VENV) was made with another Python than 3.11. Remove it and run make again:"; \
+	  echo "make: $(VENV) was made with a Python other than 3.11 to 3.13. Remove it and run make again:"; \
 	  echo "  rm -rf $(VENV) && make book"; \
 	  exit 1; }
 	@echo "Installing requirements.txt into $(VENV) (the first time takes a few minutes) ..."

@@ -70,10 +70,40 @@ def _toc_pages() -> list[str]:
     return [root.group(1)] + re.findall(r"-\s*file:\s*(\S+)", text)
 
 
+# What the HTML is built from: a build older than any of these is stale.
+BOOK_SOURCES = ("_config.yml", "_toc.yml", "*.md", "references.bib", "chapters/*.ipynb",
+                "attnlib/*.py", "_static/*", "_ext/*.py", "images/*")
+
+
+def _stale_sources(html: Path) -> list[str]:
+    """Sources newer than the build in ``html`` (its ``index.html``), by name."""
+    built_at = (html / "index.html").stat().st_mtime
+    return sorted(str(p.relative_to(ROOT)) for pattern in BOOK_SOURCES
+                  for p in ROOT.glob(pattern) if p.stat().st_mtime > built_at)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build the book into a temporary folder; the folder of its HTML."""
+    """The folder of the book's HTML.
+
+    ``make test`` builds the book first (``make book``, warnings are errors) and names
+    that build in ``ATTNLIB_BOOK_HTML``, so the tests read the very pages the build
+    made instead of building them a second time. A build older than a source fails
+    rather than testing old pages. Without the variable (a plain ``pytest``), the book
+    is built here, into a temporary folder.
+    """
     _require_browser()
+    given = os.environ.get("ATTNLIB_BOOK_HTML")
+    if given:
+        html = Path(given)
+        if not html.is_absolute():
+            html = ROOT / html
+        assert (html / "index.html").is_file(), (
+            f"ATTNLIB_BOOK_HTML={given} holds no built book: run `make book` first")
+        stale = _stale_sources(html)
+        assert not stale, (f"the build in {given} is older than {', '.join(stale[:5])}: "
+                           "run `make book` again")
+        return html
     out = tmp_path_factory.mktemp("book")
     exe = Path(sys.executable).parent / "jupyter-book"
     jb = str(exe) if exe.is_file() else shutil.which("jupyter-book")
@@ -82,6 +112,17 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"book build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return out / "_build" / "html"
+
+
+def test_a_named_build_older_than_a_source_is_refused(tmp_path: Path) -> None:
+    html = tmp_path / "html"
+    html.mkdir()
+    (html / "index.html").write_text("<html></html>")
+    os.utime(html / "index.html", (0, 0))  # built in 1970: every source is newer
+    stale = _stale_sources(html)
+    assert "_toc.yml" in stale and "chapters/01_one_query_many_keys.ipynb" in stale
+    os.utime(html / "index.html", None)  # built now
+    assert _stale_sources(html) == []
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,34 @@
+"""Settings for every test process, unit tests and notebook kernels alike.
+
+Under pytest-xdist each worker is a process of its own, and torch (through OpenMP)
+would start as many threads as the machine has cores in every one of them: with two
+workers on two cores that is four busy threads on two cores. Each worker gets its share
+of the cores instead, and the notebook kernels it starts inherit the same limit through
+``OMP_NUM_THREADS`` (set before any kernel starts). Outputs do not depend on it: the
+chapters print no number that a thread count can change (CI checks them with one thread
+and with the native setting).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _threads_per_worker() -> int | None:
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return None  # not under xdist: leave torch's default
+    return max(1, (os.cpu_count() or 1) // int(workers))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    threads = _threads_per_worker()
+    if threads is None:
+        return
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))  # an explicit setting wins
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
