@@ -141,6 +141,19 @@ def _group_mask(mask: Tensor, h: int, g: int, n_q: int, n_k: int) -> Tensor:
     return m.expand(b, h, n_q, n_k).reshape(b, g, (h // g) * n_q, n_k)
 
 
+def _require_plain(mha: "MultiHeadAttention", user: str, rope_reason: str | None) -> None:
+    """Raise ``ValueError`` if ``mha`` has grouped keys/values, or RoPE (unless
+    ``rope_reason`` is ``None``): ``user`` is defined for the plain layer only."""
+    if rope_reason is not None and mha.rope_base is not None:
+        raise ValueError(f"{user} is defined without RoPE, but this module has rope_base={mha.rope_base:g}: {rope_reason}")
+    if mha.num_kv_heads != mha.num_heads:
+        raise ValueError(
+            f"{user} is defined for one key/value head per query head, but this module has "
+            f"num_kv_heads={mha.num_kv_heads} < num_heads={mha.num_heads}: pass mha.expand_kv_heads(), "
+            f"the same function with each group's keys and values repeated for its heads"
+        )
+
+
 def _linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     """``x @ w + b`` in one fused call; ``w`` is ``(d_in, d_out)``."""
     return F.linear(x, w.T, b)
@@ -562,7 +575,20 @@ class SeparateHeadsAttention(nn.Module):
 
     @classmethod
     def from_fused(cls, mha: MultiHeadAttention) -> "SeparateHeadsAttention":
-        """h small heads holding copies of ``mha``'s per-head blocks."""
+        """h small heads holding copies of ``mha``'s per-head blocks.
+
+        Raises:
+            TypeError: ``mha`` is not a :class:`MultiHeadAttention`.
+            ValueError: ``mha`` has RoPE or grouped keys/values (chapter 8), which this
+                plain layer does not have (:meth:`MultiHeadAttention.expand_kv_heads`
+                removes the grouping).
+        """
+        if not isinstance(mha, MultiHeadAttention):
+            raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
+        _require_plain(
+            mha, "SeparateHeadsAttention (the plain layer of chapters 3-5)",
+            "it has no rotation to copy; build the MultiHeadAttention without rope_base to compare the two",
+        )
         # built on the meta device (no memory, no random numbers drawn), then filled
         sep = cls(mha.d_model, mha.num_heads, bias=mha.bias, device="meta", dtype=mha.w_q.dtype)
         sep._load(mha)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from attnlib import KVCache, LatentCache, MultiHeadAttention, attention
+from attnlib import KVCache, LatentCache, MultiHeadAttention, SeparateHeadsAttention, attention
 from attnlib.decoding import apply_rope, causal_mask
 
 DTYPE = torch.float64
@@ -341,6 +341,20 @@ def test_torch_conversions_refuse_groups_and_rope() -> None:
         MultiHeadAttention(8, 4, num_kv_heads=2).attention_weights()
     with pytest.raises(TypeError, match="GroupedAttentionWeights"):
         MultiHeadAttention.from_grouped_weights(MultiHeadAttention(8, 4).attention_weights())  # type: ignore[arg-type]
+
+
+def test_separate_heads_refuse_rope_and_groups() -> None:
+    """SeparateHeadsAttention has neither: copying the weights alone would compute another function."""
+    with pytest.raises(ValueError, match=r"SeparateHeadsAttention \(the plain layer of chapters 3-5\) is defined without RoPE, but this module has rope_base=10000"):
+        SeparateHeadsAttention.from_fused(MultiHeadAttention(8, 2, rope_base=10000.0))
+    grouped = MultiHeadAttention(8, 4, num_kv_heads=2, dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"num_kv_heads=2 < num_heads=4: pass mha.expand_kv_heads\(\)"):
+        SeparateHeadsAttention.from_fused(grouped)
+    with pytest.raises(TypeError, match="mha must be an attnlib.MultiHeadAttention, got Linear"):
+        SeparateHeadsAttention.from_fused(nn.Linear(8, 8))  # type: ignore[arg-type]
+    x = torch.randn(2, 3, 8, dtype=DTYPE)
+    sep = SeparateHeadsAttention.from_fused(grouped.expand_kv_heads())  # the way the message gives
+    torch.testing.assert_close(sep(x, x, x)[0], grouped(x, x, x)[0], **TOL)
 
 
 def test_grouped_weights_round_trip() -> None:
