@@ -407,8 +407,28 @@ class MultiHeadAttention(nn.Module):
                     getattr(self, name).copy_(src)
 
     @classmethod
-    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> "MultiHeadAttention":
-        """A module holding copies of ``weights`` (paper orientation)."""
+    def from_weights(cls, weights: AttentionWeights | GroupedAttentionWeights, num_heads: int) -> "MultiHeadAttention":
+        """A module holding copies of ``weights`` (paper orientation).
+
+        A :class:`~attnlib.decoding.GroupedAttentionWeights` (what :meth:`grouped_weights`
+        returns) keeps its ``num_kv_heads`` and ``rope_base``: this is then
+        :meth:`from_grouped_weights`, and ``num_heads`` must equal ``weights.num_heads``.
+
+        Raises:
+            TypeError: ``weights`` is neither record.
+            ValueError: ``num_heads`` differs from a ``GroupedAttentionWeights``' own.
+        """
+        if isinstance(weights, GroupedAttentionWeights):
+            if num_heads != weights.num_heads:
+                raise ValueError(
+                    f"num_heads={num_heads!r} does not match the GroupedAttentionWeights' "
+                    f"num_heads={weights.num_heads}"
+                )
+            return cls.from_grouped_weights(weights)
+        if not isinstance(weights, AttentionWeights):
+            raise TypeError(
+                f"weights must be an AttentionWeights or GroupedAttentionWeights, got {type(weights).__name__}"
+            )
         mha = cls(weights.d_model, num_heads, bias=weights.bias, device=weights.w_q.device, dtype=weights.w_q.dtype)
         mha._copy_from(weights)
         return mha

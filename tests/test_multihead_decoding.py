@@ -357,6 +357,21 @@ def test_separate_heads_refuse_rope_and_groups() -> None:
     torch.testing.assert_close(sep(x, x, x)[0], grouped(x, x, x)[0], **TOL)
 
 
+def test_from_weights_keeps_groups_and_rope_of_grouped_weights() -> None:
+    """from_weights(mha.grouped_weights(), h) rebuilds the same function, RoPE and groups included."""
+    mha = MultiHeadAttention(12, 6, num_kv_heads=3, rope_base=1000.0, dtype=DTYPE)
+    again = MultiHeadAttention.from_weights(mha.grouped_weights(), 6)
+    assert (again.num_heads, again.num_kv_heads, again.rope_base) == (6, 3, 1000.0)
+    x = torch.randn(2, 5, 12, dtype=DTYPE)
+    torch.testing.assert_close(again(x, x, x)[0], mha(x, x, x)[0], **TOL)
+    rope_only = MultiHeadAttention(8, 2, rope_base=10.0, dtype=DTYPE)
+    assert MultiHeadAttention.from_weights(rope_only.grouped_weights(), 2).rope_base == 10.0
+    with pytest.raises(ValueError, match=r"num_heads=3 does not match the GroupedAttentionWeights' num_heads=6"):
+        MultiHeadAttention.from_weights(mha.grouped_weights(), 3)
+    with pytest.raises(TypeError, match="weights must be an AttentionWeights or GroupedAttentionWeights, got dict"):
+        MultiHeadAttention.from_weights({}, 6)  # type: ignore[arg-type]
+
+
 def test_grouped_weights_round_trip() -> None:
     mha = MultiHeadAttention(12, 6, num_kv_heads=3, rope_base=1000.0)
     again = MultiHeadAttention.from_grouped_weights(mha.grouped_weights())
