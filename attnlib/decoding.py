@@ -393,8 +393,12 @@ class _Cache:
     def _get(self, name: str) -> Tensor | None:
         return self._tensors.get(name)
 
-    def _check(self, module: nn.Module, batch_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Raise unless a call of ``module`` with this batch, dtype and device may use the cache."""
+    def _check(self, module: nn.Module, batch_size: int, dtype: torch.dtype | None, device: torch.device) -> None:
+        """Raise unless a call of ``module`` with this batch, dtype and device may use the cache.
+
+        ``dtype=None`` skips the dtype: a module checking before it projects passes it, because
+        under ``torch.autocast`` float32 inputs give bfloat16 (or float16) keys; ``update``
+        then checks the dtype of what is actually stored."""
         if self._owner is not None:
             owner = self._owner()
             if owner is not module:
@@ -407,8 +411,11 @@ class _Cache:
                 raise ValueError(
                     f"batch size {batch_size} does not match the {self._kind}'s batch size {self.batch_size}"
                 )
-            if dtype != self.dtype:
-                raise ValueError(f"dtype {dtype} does not match the {self._kind}'s dtype {self.dtype}")
+            if dtype is not None and dtype != self.dtype:
+                raise ValueError(
+                    f"dtype {dtype} does not match the {self._kind}'s dtype {self.dtype}: make every call "
+                    f"with one cache in one dtype (under torch.autocast: every call under the same autocast)"
+                )
             if device != self.device:
                 raise ValueError(f"device {device} does not match the {self._kind}'s device {self.device}")
 
@@ -447,7 +454,9 @@ class KVCache(_Cache):
         values: ``(B, g, n, d_v)`` or ``None``.
 
     ``len(cache)`` is ``n``; ``cache.nbytes`` is ``2 B n g d_k`` times the item size
-    (``d_v = d_k``): the keys and values, nothing else.
+    (``d_v = d_k``): the keys and values, nothing else. The cache holds the dtype the
+    projections produce: under ``torch.autocast(..., torch.bfloat16)`` bfloat16, for
+    float32 inputs; every call with one cache must then run under that autocast.
     """
 
     _names = ("keys", "values")
@@ -683,7 +692,7 @@ class LatentAttention(nn.Module):
         past = 0
         if cache is not None:
             _check_cache_call(cache, LatentCache, mask)
-            cache._check(self, B, x.dtype, x.device)
+            cache._check(self, B, None, x.device)  # dtype: in update, after autocast
             past = len(cache)
         elif mask is not None:
             check_mask(mask, torch.Size([B, h, t, t]))

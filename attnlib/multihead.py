@@ -339,7 +339,7 @@ class MultiHeadAttention(nn.Module):
         h, g = self.num_heads, self.num_kv_heads
         past = 0
         if cache is not None:
-            cache._check(self, B, query.dtype, query.device)
+            cache._check(self, B, None, query.device)  # dtype: in update, after autocast
             past = len(cache)
         # project: one product per role, then a view hands each head its d_k columns
         q = self._split_heads(_linear(query, self.w_q, self.b_q))  # (B, h, n_q, d_k)

@@ -324,6 +324,20 @@ def test_latent_cache_dtype_mismatch() -> None:
         mla(_randn(1, 1, 12, dtype=torch.float32), cache=cache)
 
 
+@pytest.mark.parametrize(("absorb", "need_weights"), [(False, True), (True, True), (True, False)])
+def test_mla_cached_decoding_under_autocast(absorb: bool, need_weights: bool) -> None:
+    """The latents are bfloat16 under autocast while x stays float32: the cache takes them."""
+    mla = _mla(0).float()
+    x = _randn(2, 6, 12, dtype=torch.float32)
+    with torch.no_grad():
+        ref, _ = mla(x, mask=causal_mask(6))
+        cache = LatentCache()
+        with torch.autocast("cpu", torch.bfloat16):
+            outs = [mla(t, need_weights=need_weights, cache=cache, absorb=absorb)[0] for t in (x[:, :4], x[:, 4:5], x[:, 5:])]
+    assert cache.dtype == torch.bfloat16 and len(cache) == 6
+    torch.testing.assert_close(torch.cat(outs, dim=1).float(), ref, atol=0.05, rtol=0.05)
+
+
 @pytest.mark.parametrize(
     ("args", "kw", "match"),
     [

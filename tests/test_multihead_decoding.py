@@ -292,6 +292,25 @@ def test_cache_misuse_errors() -> None:
     assert len(cache) == 1
 
 
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_cached_decoding_under_autocast(need_weights: bool) -> None:
+    """Under autocast the keys are bfloat16 while the inputs stay float32: the cache holds
+    what the projections produced, and every later call under the same autocast reads it."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, num_kv_heads=2, rope_base=100.0)
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        ref, _ = mha(x, x, x, mask=causal_mask(6))  # float32, one causal pass
+        cache = KVCache()
+        with torch.autocast("cpu", torch.bfloat16):
+            outs = [mha(t, t, t, need_weights=need_weights, cache=cache)[0] for t in (x[:, :4], x[:, 4:5], x[:, 5:])]
+    assert cache.dtype == torch.bfloat16 and len(cache) == 6
+    torch.testing.assert_close(torch.cat(outs, dim=1).float(), ref, atol=0.05, rtol=0.05)
+    t = x[:, 5:]
+    with pytest.raises(ValueError, match=r"dtype torch.float32 does not match the KVCache's dtype torch.bfloat16: .* same autocast"):
+        mha(t, t, t, cache=cache)  # the same cache outside autocast
+
+
 def test_kv_cache_update_refuses_other_head_shapes() -> None:
     cache = KVCache()
     m = nn.Identity()
