@@ -354,6 +354,8 @@ class _Cache:
     _names: tuple[str, ...] = ()
     _seq_dim: int = 0
     _kind: str = "cache"
+    _shapes: dict[str, str] = {}  # name -> its shape, for messages
+    _lead: str = ""  # the dimensions up to the sequence axis, shared by all tensors
 
     def __init__(self) -> None:
         self._tensors: dict[str, Tensor] = {}
@@ -401,6 +403,11 @@ class _Cache:
         then checks the dtype of what is actually stored."""
         if self._owner is not None:
             owner = self._owner()
+            if owner is None:
+                raise ValueError(
+                    f"this {self._kind} was filled by a module that no longer exists (it was "
+                    f"garbage-collected); call cache.clear() to use the cache with another module"
+                )
             if owner is not module:
                 raise ValueError(
                     f"this {self._kind} holds the keys of another module ({type(owner).__name__}); "
@@ -418,6 +425,19 @@ class _Cache:
                 )
             if device != self.device:
                 raise ValueError(f"device {device} does not match the {self._kind}'s device {self.device}")
+
+    def _check_new(self, **new: Tensor) -> None:
+        """Raise unless the new tensors have their rank and agree up to the sequence axis."""
+        for name, t in new.items():
+            if check_tensor(name, t).dim() != self._seq_dim + 2:
+                raise ValueError(f"{name} must have shape {self._shapes[name]}, got {format_shape(t)}")
+        (a, ta), (b, tb) = new.items()
+        lead = self._seq_dim + 1
+        if ta.shape[:lead] != tb.shape[:lead]:
+            raise ValueError(
+                f"{a} of shape {format_shape(ta)} and {b} of shape {format_shape(tb)} must have the "
+                f"same {self._lead}: one entry of each per position"
+            )
 
     def _append(self, module: nn.Module, **new: Tensor) -> dict[str, Tensor]:
         """Append ``new`` (checked by the caller) along the sequence axis; return the totals."""
@@ -462,6 +482,8 @@ class KVCache(_Cache):
     _names = ("keys", "values")
     _seq_dim = 2
     _kind = "KVCache"
+    _shapes = {"keys": "(B, g, t, d_k)", "values": "(B, g, t, d_v)"}
+    _lead = "(B, g, t)"
 
     @property
     def keys(self) -> Tensor | None:
@@ -478,9 +500,11 @@ class KVCache(_Cache):
         return all cached keys and values ``(B, g, n + t, .)``.
 
         Raises:
-            ValueError: another module filled the cache, or batch size, dtype, device or
-                head shape differ from what it holds.
+            ValueError: keys and values of other ranks or of different ``(B, g, t)``;
+                another module filled the cache (or it was garbage-collected); batch size,
+                dtype, device or head shape differ from what the cache holds.
         """
+        self._check_new(keys=keys, values=values)
         self._check(module, keys.shape[0], keys.dtype, keys.device)
         if self._tensors:
             for name, t in (("keys", keys), ("values", values)):
@@ -509,6 +533,8 @@ class LatentCache(_Cache):
     _names = ("latents", "rope_keys")
     _seq_dim = 1
     _kind = "LatentCache"
+    _shapes = {"latents": "(B, t, d_c)", "rope_keys": "(B, t, d_r)"}
+    _lead = "(B, t)"
 
     @property
     def latents(self) -> Tensor | None:
@@ -522,6 +548,7 @@ class LatentCache(_Cache):
 
     def update(self, module: nn.Module, latents: Tensor, rope_keys: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``latents`` ``(B, t, d_c)`` and ``rope_keys`` ``(B, t, d_r)``; return all."""
+        self._check_new(latents=latents, rope_keys=rope_keys)
         self._check(module, latents.shape[0], latents.dtype, latents.device)
         total = self._append(module, latents=latents, rope_keys=rope_keys)
         return total["latents"], total["rope_keys"]

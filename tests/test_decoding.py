@@ -315,6 +315,15 @@ def test_mla_errors(call: object, exc: type[Exception], match: str) -> None:
         call(mla, cache)  # type: ignore[operator]
 
 
+def test_latent_cache_update_refuses_latents_and_rope_keys_that_do_not_pair_up() -> None:
+    cache, m = LatentCache(), torch.nn.Identity()
+    with pytest.raises(ValueError, match=r"latents of shape \(1, 3, 5\) and rope_keys of shape \(1, 2, 4\) must have the same \(B, t\)"):
+        cache.update(m, torch.zeros(1, 3, 5), torch.zeros(1, 2, 4))
+    with pytest.raises(ValueError, match=r"latents must have shape \(B, t, d_c\), got \(3, 5\)"):
+        cache.update(m, torch.zeros(3, 5), torch.zeros(1, 3, 4))
+    assert len(cache) == 0
+
+
 def test_latent_cache_dtype_mismatch() -> None:
     mla = _mla(0)
     cache = LatentCache()

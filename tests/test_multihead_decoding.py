@@ -321,6 +321,33 @@ def test_kv_cache_update_refuses_other_head_shapes() -> None:
         cache.update(m, torch.zeros(1, 2, 1, 4, device="meta"), torch.zeros(1, 2, 1, 4, device="meta"))
 
 
+def test_kv_cache_update_refuses_keys_and_values_that_do_not_pair_up() -> None:
+    cache, m = KVCache(), nn.Identity()
+    with pytest.raises(ValueError, match=r"keys of shape \(1, 2, 3, 4\) and values of shape \(1, 2, 5, 4\) must have the same \(B, g, t\)"):
+        cache.update(m, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4))
+    with pytest.raises(ValueError, match=r"values must have shape \(B, g, t, d_v\), got \(2, 3, 4\)"):
+        cache.update(m, torch.zeros(1, 2, 3, 4), torch.zeros(2, 3, 4))
+    with pytest.raises(TypeError, match="keys must be a torch.Tensor, got list"):
+        cache.update(m, [0.0], torch.zeros(1, 2, 3, 4))  # type: ignore[arg-type]
+    assert len(cache) == 0
+
+
+def test_cache_of_a_garbage_collected_module() -> None:
+    import gc
+
+    mha = MultiHeadAttention(8, 2)
+    cache = _filled(mha)
+    del mha
+    gc.collect()
+    other = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 1, 8)
+    with pytest.raises(ValueError, match=r"filled by a module that no longer exists \(it was garbage-collected\); call cache.clear\(\)"):
+        other(x, x, x, cache=cache)
+    cache.clear()
+    other(x, x, x, cache=cache)
+    assert len(cache) == 1
+
+
 # ---- constructor and conversion errors --------------------------------------------------------
 
 
