@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlib._core import check_mask, check_positive_int, check_tensor, format_shape
+from attnlib._core import check_head_mask, check_positive_int, check_tensor, format_shape
 from attnlib.attention import masked_softmax
 
 __all__ = [
@@ -623,7 +623,8 @@ class LatentAttention(nn.Module):
     Call: ``out, weights = mla(x, mask=None, need_weights=True, *, cache=None, absorb=False)``
 
     - ``x``: ``(B, t, d_model)`` (self-attention only)
-    - ``mask``: bool, broadcastable to ``(B, h, t, t)``; not allowed with ``cache``
+    - ``mask``: bool, ``(t,)``, ``(t, t)`` or ``(B or 1, h or 1, t, t)`` (3-D refused, as
+      for :class:`attnlib.MultiHeadAttention`); not allowed with ``cache``
     - ``cache``: a :class:`LatentCache`; the call appends the ``t`` new tokens and attends
       causally over all cached positions (positions continue from ``len(cache)``)
     - ``out``: ``(B, t, d_model)``; ``weights``: ``(B, h, t, n_k)``, or ``None`` when
@@ -722,7 +723,7 @@ class LatentAttention(nn.Module):
             cache._check(self, B, None, x.device)  # dtype: in update, after autocast
             past = len(cache)
         elif mask is not None:
-            check_mask(mask, torch.Size([B, h, t, t]))
+            check_head_mask(mask, torch.Size([B, h, t, t]))
         positions = torch.arange(past, past + t, device=x.device)  # (t,)
         c = x @ self.w_dkv  # (B, t, d_c): the latents
         k_r = x @ self.w_kr  # (B, t, d_r)

@@ -27,7 +27,7 @@ from attnlib._core import (
     AttentionWeights,
     check_heads,
     check_index,
-    check_mask,
+    check_head_mask,
     check_positive_int,
     check_tensor,
     format_shape,
@@ -87,7 +87,7 @@ def _check_inputs(
         raise ValueError(f"key must hold at least one position, got {format_shape(key)}")
     if mask is not None:
         b, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
-        check_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
+        check_head_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
 
 
 def _check_kv_heads(num_heads: int, num_kv_heads: object) -> int:
@@ -170,7 +170,9 @@ class MultiHeadAttention(nn.Module):
     Call: ``out, weights = mha(query, key, value, mask=None, need_weights=True, *, cache=None)``
 
     - ``query``: ``(B, n_q, d_model)``; ``key``, ``value``: ``(B, n_k, d_model)``
-    - ``mask``: bool, ``True`` = may attend, broadcastable to ``(B, h, n_q, n_k)``
+    - ``mask``: bool, ``True`` = may attend: ``(n_k,)``, ``(n_q, n_k)`` or
+      ``(B or 1, h or 1, n_q, n_k)``; a 3-D mask is refused as ambiguous (write a
+      per-sequence mask as ``mask[:, None]``, a per-head one as ``mask[None]``)
     - ``out``: ``(B, n_q, d_model)``; ``weights``: ``(B, h, n_q, n_k)``, one map per
       head (not averaged), or ``None`` when ``need_weights=False`` (which takes
       PyTorch's fused ``scaled_dot_product_attention`` path).

@@ -302,6 +302,8 @@ def test_latent_cache_repr_and_clear() -> None:
         (lambda m, c: m(_randn(1, 2, 12, dtype=torch.float32)), ValueError, "dtype torch.float32"),
         (lambda m, c: m(_randn(1, 2, 12), mask=torch.ones(3, 3, dtype=torch.bool)), ValueError, "does not broadcast"),
         (lambda m, c: m(_randn(1, 2, 12), mask=torch.ones(2, 2)), ValueError, "torch.bool"),
+        (lambda m, c: m(_randn(3, 2, 12), mask=torch.ones(3, 2, 2, dtype=torch.bool)), ValueError,
+         r"mask of shape \(3, 2, 2\) is 3-D, which is ambiguous .* mask\[:, None\] .* mask\[None\]"),
         (lambda m, c: m(_randn(2, 1, 12), cache=KVCache()), TypeError, "cache must be an attnlib.LatentCache"),
         (lambda m, c: m(_randn(2, 1, 12), cache=c, mask=causal_mask(1)), ValueError, "mask cannot be combined with cache"),
         (lambda m, c: m(_randn(3, 1, 12), cache=c), ValueError, "batch size 3 does not match the LatentCache's batch size 2"),
