@@ -41,6 +41,7 @@ __all__ = [
     "check_positive_int",
     "check_index",
     "check_mask",
+    "check_head_mask",
     "check_heads",
     "Biases",
     "AttentionWeights",
@@ -201,6 +202,23 @@ def check_mask(mask: object, target: torch.Size, name: str = "mask") -> Tensor:
             f"shape {format_shape(target)}"
         )
     return mask
+
+
+def check_head_mask(mask: object, target: torch.Size, name: str = "mask") -> Tensor:
+    """:func:`check_mask` for the scores ``(B, h, n_q, n_k)`` of a multi-head layer:
+    ``(n_k,)``, ``(n_q, n_k)`` or ``(B or 1, h or 1, n_q, n_k)``, never 3-D.
+
+    A 3-D mask ``(X, n_q, n_k)`` would broadcast as ``(1, X, n_q, n_k)``: per head. Meant per
+    sequence (``X = B``), it would hand sequence ``b``'s mask to head ``b`` of every sequence,
+    silently when ``B = h``. So it is refused, with the two ways to write what was meant.
+    """
+    if isinstance(mask, Tensor) and mask.dim() == 3:
+        raise ValueError(
+            f"{name} of shape {format_shape(mask)} is 3-D, which is ambiguous for the scores' shape "
+            f"(B, h, n_q, n_k) = {format_shape(target)}: write a per-sequence mask (B, n_q, n_k) as "
+            f"{name}[:, None] and a per-head mask (h, n_q, n_k) as {name}[None]"
+        )
+    return check_mask(mask, target, name)
 
 
 # ---- the weights of one layer -------------------------------------------------------

@@ -18,6 +18,7 @@ check both).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -113,6 +114,16 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> torch.Size:
         ) from None
 
 
+def _check_scale(scale: object) -> float:
+    """``scale`` as a float if it is a finite real number >= 0 (0 gives uniform weights)."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
+    value = float(scale)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"scale must be a finite number >= 0, or None for 1/sqrt(d_k); got {scale!r}")
+    return value
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -140,19 +151,21 @@ def attention(
       for a single query without the ``n_q`` axis: ``(..., d_v)``, ``(..., n_k)``
 
     Args:
-        scale: multiplies the scores; default :math:`1/\sqrt{d_k}`.
+        scale: multiplies the scores: a finite number >= 0 (0 gives uniform
+            weights); default :math:`1/\sqrt{d_k}`.
 
     A query whose keys are all masked gets zero weights and a zero output.
 
     Raises:
-        TypeError: q, k, v or mask not a tensor.
+        TypeError: q, k, v or mask not a tensor; scale not a real number.
         ValueError: a tensor of the wrong rank; q, k, v not of one floating
             dtype; q and k of different widths (or width 0); k and v of
             different lengths; no keys; batch dimensions that do not broadcast;
             a mask that is not bool or would not broadcast to the scores (or
-            would enlarge them).
+            would enlarge them); a negative, infinite or NaN scale.
     """
     batch = _check_qkv(q, k, v)  # the broadcast batch shape "..."
+    scale = None if scale is None else _check_scale(scale)
     n_k = k.shape[-2]
     single = q.dim() == 1
     if single:

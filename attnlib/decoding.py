@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlib._core import check_mask, check_positive_int, check_tensor, format_shape
+from attnlib._core import check_head_mask, check_positive_int, check_tensor, format_shape
 from attnlib.attention import masked_softmax
 
 __all__ = [
@@ -354,6 +354,8 @@ class _Cache:
     _names: tuple[str, ...] = ()
     _seq_dim: int = 0
     _kind: str = "cache"
+    _shapes: dict[str, str] = {}  # name -> its shape, for messages
+    _lead: str = ""  # the dimensions up to the sequence axis, shared by all tensors
 
     def __init__(self) -> None:
         self._tensors: dict[str, Tensor] = {}
@@ -393,10 +395,19 @@ class _Cache:
     def _get(self, name: str) -> Tensor | None:
         return self._tensors.get(name)
 
-    def _check(self, module: nn.Module, batch_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Raise unless a call of ``module`` with this batch, dtype and device may use the cache."""
+    def _check(self, module: nn.Module, batch_size: int, dtype: torch.dtype | None, device: torch.device) -> None:
+        """Raise unless a call of ``module`` with this batch, dtype and device may use the cache.
+
+        ``dtype=None`` skips the dtype: a module checking before it projects passes it, because
+        under ``torch.autocast`` float32 inputs give bfloat16 (or float16) keys; ``update``
+        then checks the dtype of what is actually stored."""
         if self._owner is not None:
             owner = self._owner()
+            if owner is None:
+                raise ValueError(
+                    f"this {self._kind} was filled by a module that no longer exists (it was "
+                    f"garbage-collected); call cache.clear() to use the cache with another module"
+                )
             if owner is not module:
                 raise ValueError(
                     f"this {self._kind} holds the keys of another module ({type(owner).__name__}); "
@@ -407,10 +418,26 @@ class _Cache:
                 raise ValueError(
                     f"batch size {batch_size} does not match the {self._kind}'s batch size {self.batch_size}"
                 )
-            if dtype != self.dtype:
-                raise ValueError(f"dtype {dtype} does not match the {self._kind}'s dtype {self.dtype}")
+            if dtype is not None and dtype != self.dtype:
+                raise ValueError(
+                    f"dtype {dtype} does not match the {self._kind}'s dtype {self.dtype}: make every call "
+                    f"with one cache in one dtype (under torch.autocast: every call under the same autocast)"
+                )
             if device != self.device:
                 raise ValueError(f"device {device} does not match the {self._kind}'s device {self.device}")
+
+    def _check_new(self, **new: Tensor) -> None:
+        """Raise unless the new tensors have their rank and agree up to the sequence axis."""
+        for name, t in new.items():
+            if check_tensor(name, t).dim() != self._seq_dim + 2:
+                raise ValueError(f"{name} must have shape {self._shapes[name]}, got {format_shape(t)}")
+        (a, ta), (b, tb) = new.items()
+        lead = self._seq_dim + 1
+        if ta.shape[:lead] != tb.shape[:lead]:
+            raise ValueError(
+                f"{a} of shape {format_shape(ta)} and {b} of shape {format_shape(tb)} must have the "
+                f"same {self._lead}: one entry of each per position"
+            )
 
     def _append(self, module: nn.Module, **new: Tensor) -> dict[str, Tensor]:
         """Append ``new`` (checked by the caller) along the sequence axis; return the totals."""
@@ -447,12 +474,16 @@ class KVCache(_Cache):
         values: ``(B, g, n, d_v)`` or ``None``.
 
     ``len(cache)`` is ``n``; ``cache.nbytes`` is ``2 B n g d_k`` times the item size
-    (``d_v = d_k``): the keys and values, nothing else.
+    (``d_v = d_k``): the keys and values, nothing else. The cache holds the dtype the
+    projections produce: under ``torch.autocast(..., torch.bfloat16)`` bfloat16, for
+    float32 inputs; every call with one cache must then run under that autocast.
     """
 
     _names = ("keys", "values")
     _seq_dim = 2
     _kind = "KVCache"
+    _shapes = {"keys": "(B, g, t, d_k)", "values": "(B, g, t, d_v)"}
+    _lead = "(B, g, t)"
 
     @property
     def keys(self) -> Tensor | None:
@@ -469,9 +500,11 @@ class KVCache(_Cache):
         return all cached keys and values ``(B, g, n + t, .)``.
 
         Raises:
-            ValueError: another module filled the cache, or batch size, dtype, device or
-                head shape differ from what it holds.
+            ValueError: keys and values of other ranks or of different ``(B, g, t)``;
+                another module filled the cache (or it was garbage-collected); batch size,
+                dtype, device or head shape differ from what the cache holds.
         """
+        self._check_new(keys=keys, values=values)
         self._check(module, keys.shape[0], keys.dtype, keys.device)
         if self._tensors:
             for name, t in (("keys", keys), ("values", values)):
@@ -500,6 +533,8 @@ class LatentCache(_Cache):
     _names = ("latents", "rope_keys")
     _seq_dim = 1
     _kind = "LatentCache"
+    _shapes = {"latents": "(B, t, d_c)", "rope_keys": "(B, t, d_r)"}
+    _lead = "(B, t)"
 
     @property
     def latents(self) -> Tensor | None:
@@ -513,6 +548,7 @@ class LatentCache(_Cache):
 
     def update(self, module: nn.Module, latents: Tensor, rope_keys: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``latents`` ``(B, t, d_c)`` and ``rope_keys`` ``(B, t, d_r)``; return all."""
+        self._check_new(latents=latents, rope_keys=rope_keys)
         self._check(module, latents.shape[0], latents.dtype, latents.device)
         total = self._append(module, latents=latents, rope_keys=rope_keys)
         return total["latents"], total["rope_keys"]
@@ -587,7 +623,8 @@ class LatentAttention(nn.Module):
     Call: ``out, weights = mla(x, mask=None, need_weights=True, *, cache=None, absorb=False)``
 
     - ``x``: ``(B, t, d_model)`` (self-attention only)
-    - ``mask``: bool, broadcastable to ``(B, h, t, t)``; not allowed with ``cache``
+    - ``mask``: bool, ``(t,)``, ``(t, t)`` or ``(B or 1, h or 1, t, t)`` (3-D refused, as
+      for :class:`attnlib.MultiHeadAttention`); not allowed with ``cache``
     - ``cache``: a :class:`LatentCache`; the call appends the ``t`` new tokens and attends
       causally over all cached positions (positions continue from ``len(cache)``)
     - ``out``: ``(B, t, d_model)``; ``weights``: ``(B, h, t, n_k)``, or ``None`` when
@@ -683,10 +720,10 @@ class LatentAttention(nn.Module):
         past = 0
         if cache is not None:
             _check_cache_call(cache, LatentCache, mask)
-            cache._check(self, B, x.dtype, x.device)
+            cache._check(self, B, None, x.device)  # dtype: in update, after autocast
             past = len(cache)
         elif mask is not None:
-            check_mask(mask, torch.Size([B, h, t, t]))
+            check_head_mask(mask, torch.Size([B, h, t, t]))
         positions = torch.arange(past, past + t, device=x.device)  # (t,)
         c = x @ self.w_dkv  # (B, t, d_c): the latents
         k_r = x @ self.w_kr  # (B, t, d_r)

@@ -41,8 +41,8 @@ from torch import Tensor
 
 from attnlib._core import check_tensor, format_shape
 from attnlib.attention import attention
-from attnlib.lowrank import FactoredMatrix, qk_circuit
-from attnlib.multihead import MultiHeadAttention
+from attnlib.lowrank import _QK_NEEDS_NO_ROPE, FactoredMatrix, qk_circuit
+from attnlib.multihead import MultiHeadAttention, _require_plain
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -240,8 +240,10 @@ def head_explorer(
     ``s[i][j] = sum(P[i][a] * K[j][a] for a < r) + c[j]``, then a softmax over ``j``.
 
     Args:
-        mhas: one :class:`MultiHeadAttention` per layer (same ``num_heads``, ``d_model``).
-        inputs: per layer, its input hidden states ``(B, n, d_model)``.
+        mhas: one :class:`MultiHeadAttention` per layer (same ``num_heads``, ``d_model``),
+            without RoPE or grouped keys/values (see :func:`attnlib.qk_circuit`).
+        inputs: per layer, its input hidden states ``(B, n, d_model)``, in the dtype of
+            that layer's weights.
         tokens: per sentence ``b < B``, its real tokens: ``t_b <= n`` of them, at
             positions ``0..t_b-1`` (later positions are padding and are left out).
         default: (layer, head) of the first view (sentence 0, full rank).
@@ -258,9 +260,10 @@ def head_explorer(
             f"mhas and inputs must be non-empty and of equal length (one per layer), "
             f"got {len(mhas)} and {len(inputs)}"
         )
-    for m in mhas:
+    for layer, m in enumerate(mhas):
         if not isinstance(m, MultiHeadAttention):
             raise TypeError(f"mhas must hold attnlib.MultiHeadAttention, got {type(m).__name__}")
+        _require_plain(m, f"head_explorer (mhas[{layer}])", _QK_NEEDS_NO_ROPE)
     h, d_model, d_k = mhas[0].num_heads, mhas[0].d_model, mhas[0].d_k
     if any((m.num_heads, m.d_model) != (h, d_model) for m in mhas):
         raise ValueError("mhas must all have the same num_heads and d_model")
@@ -271,6 +274,11 @@ def head_explorer(
         if check_tensor(f"inputs[{i}]", x).shape != first.shape:
             raise ValueError(
                 f"inputs[{i}] must have shape {format_shape(first)} like inputs[0], got {format_shape(x)}"
+            )
+        if x.dtype != mhas[i].w_q.dtype:
+            raise ValueError(
+                f"inputs[{i}] has dtype {x.dtype} but mhas[{i}]'s weights have dtype {mhas[i].w_q.dtype}: "
+                f"give both one dtype, e.g. inputs[{i}].to({mhas[i].w_q.dtype})"
             )
     B, n, _ = first.shape
     if len(tokens) != B:

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 
 from attnlib._core import (
     AttentionWeights,
+    check_head_mask,
     check_positive_int,
     check_tensor,
     format_shape,
@@ -342,10 +343,13 @@ def to_torch_mha_masks(mask: Tensor, batch_size: int, num_heads: int) -> Tensor:
     3-D ``(B * h, n_q, n_k)`` torch wants, with the heads of one sequence adjacent: row
     ``b * h + i`` is sequence ``b``, head ``i``. (A per-sequence mask ``(B, n_q, n_k)``
     therefore needs ``repeat_interleave(h, 0)``; ``repeat(h, 1, 1)`` would give sequence
-    ``r mod B`` to row ``r``.)"""
+    ``r mod B`` to row ``r``.) A 3-D attnlib mask is refused, as by
+    :class:`attnlib.MultiHeadAttention`: write ``mask[:, None]`` or ``mask[None]``."""
     mask = _require_bool(mask, "mask")
     if mask.dim() <= 2:
         return ~mask
+    if mask.dim() == 3:  # ambiguous: check_head_mask raises, saying how to write it
+        check_head_mask(mask, torch.Size([batch_size, num_heads, *mask.shape[1:]]))
     if mask.dim() > 4:
         raise ValueError(f"mask must have at most 4 dimensions (B, h, n_q, n_k), got {format_shape(mask)}")
     m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B or 1, h or 1, n_q, n_k)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from attnlib._core import check_index, check_positive_int, check_tensor, format_shape
-from attnlib.multihead import MultiHeadAttention
+from attnlib.multihead import MultiHeadAttention, _require_plain
 
 __all__ = ["FactoredMatrix", "FlopCount", "qk_circuit", "ov_circuit", "fix_signs"]
 
@@ -451,9 +451,17 @@ class FactoredMatrix:
 
 
 # ---- the two circuits of a head -----------------------------------------------------
-def _heads(mha: object, head: object) -> int | None:
+# Why qk_circuit and explorers.head_explorer refuse a module with RoPE.
+_QK_NEEDS_NO_ROPE = (
+    "the W^QK lens is only defined without RoPE's position-dependent rotation (with it, query i "
+    "and key j score x_i W^Q R_(i-j) W^K^T x_j^T); use a module without rope_base"
+)
+
+
+def _heads(mha: object, head: object, user: str, rope_reason: str | None) -> int | None:
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
+    _require_plain(mha, user, rope_reason)
     if head is None:
         return None
     return check_index("head", head, mha.num_heads, f"num_heads={mha.num_heads}")
@@ -469,8 +477,12 @@ def qk_circuit(
     With ``head=None``, all heads at once: batch ``(h,)``. The factors are
     detached views of ``mha``'s weights. Biases are not part of the bilinear
     form (they add terms linear in the query or key token).
+
+    Raises ``ValueError`` for a module with RoPE (its scores are not
+    :math:`x_i W_i^{QK} x_j^\top`) or with grouped keys/values (use
+    :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
     """
-    i = _heads(mha, head)
+    i = _heads(mha, head, "qk_circuit", _QK_NEEDS_NO_ROPE)
     w_q = mha.w_q_heads.detach()  # (h, d_model, d_k)
     w_k = mha.w_k_heads.detach()  # (h, d_model, d_k)
     fm = FactoredMatrix(w_q, w_k.mT)  # (h, d_model, d_k) @ (h, d_k, d_model)
@@ -486,9 +498,11 @@ def ov_circuit(
     ``(d_model, d_v)``, ``right`` = :math:`W_i^O` ``(d_v, d_model)``: a token's
     contribution to the layer's output, per unit of attention paid to it.
     With ``head=None``, all heads at once: batch ``(h,)``. Detached views of ``mha``'s
-    weights; biases are not included.
+    weights; biases are not included. RoPE rotates queries and keys only, so with
+    RoPE this is still the head's circuit; grouped keys/values raise ``ValueError``
+    (use :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
     """
-    i = _heads(mha, head)
+    i = _heads(mha, head, "ov_circuit", None)
     w_v = mha.w_v_heads.detach()  # (h, d_model, d_v)
     w_o = mha.w_o_heads.detach()  # (h, d_v, d_model)
     fm = FactoredMatrix(w_v, w_o)

@@ -27,7 +27,7 @@ from attnlib._core import (
     AttentionWeights,
     check_heads,
     check_index,
-    check_mask,
+    check_head_mask,
     check_positive_int,
     check_tensor,
     format_shape,
@@ -87,7 +87,7 @@ def _check_inputs(
         raise ValueError(f"key must hold at least one position, got {format_shape(key)}")
     if mask is not None:
         b, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
-        check_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
+        check_head_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
 
 
 def _check_kv_heads(num_heads: int, num_kv_heads: object) -> int:
@@ -141,6 +141,19 @@ def _group_mask(mask: Tensor, h: int, g: int, n_q: int, n_k: int) -> Tensor:
     return m.expand(b, h, n_q, n_k).reshape(b, g, (h // g) * n_q, n_k)
 
 
+def _require_plain(mha: "MultiHeadAttention", user: str, rope_reason: str | None) -> None:
+    """Raise ``ValueError`` if ``mha`` has grouped keys/values, or RoPE (unless
+    ``rope_reason`` is ``None``): ``user`` is defined for the plain layer only."""
+    if rope_reason is not None and mha.rope_base is not None:
+        raise ValueError(f"{user} is defined without RoPE, but this module has rope_base={mha.rope_base:g}: {rope_reason}")
+    if mha.num_kv_heads != mha.num_heads:
+        raise ValueError(
+            f"{user} is defined for one key/value head per query head, but this module has "
+            f"num_kv_heads={mha.num_kv_heads} < num_heads={mha.num_heads}: pass mha.expand_kv_heads(), "
+            f"the same function with each group's keys and values repeated for its heads"
+        )
+
+
 def _linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     """``x @ w + b`` in one fused call; ``w`` is ``(d_in, d_out)``."""
     return F.linear(x, w.T, b)
@@ -157,7 +170,9 @@ class MultiHeadAttention(nn.Module):
     Call: ``out, weights = mha(query, key, value, mask=None, need_weights=True, *, cache=None)``
 
     - ``query``: ``(B, n_q, d_model)``; ``key``, ``value``: ``(B, n_k, d_model)``
-    - ``mask``: bool, ``True`` = may attend, broadcastable to ``(B, h, n_q, n_k)``
+    - ``mask``: bool, ``True`` = may attend: ``(n_k,)``, ``(n_q, n_k)`` or
+      ``(B or 1, h or 1, n_q, n_k)``; a 3-D mask is refused as ambiguous (write a
+      per-sequence mask as ``mask[:, None]``, a per-head one as ``mask[None]``)
     - ``out``: ``(B, n_q, d_model)``; ``weights``: ``(B, h, n_q, n_k)``, one map per
       head (not averaged), or ``None`` when ``need_weights=False`` (which takes
       PyTorch's fused ``scaled_dot_product_attention`` path).
@@ -326,7 +341,7 @@ class MultiHeadAttention(nn.Module):
         h, g = self.num_heads, self.num_kv_heads
         past = 0
         if cache is not None:
-            cache._check(self, B, query.dtype, query.device)
+            cache._check(self, B, None, query.device)  # dtype: in update, after autocast
             past = len(cache)
         # project: one product per role, then a view hands each head its d_k columns
         q = self._split_heads(_linear(query, self.w_q, self.b_q))  # (B, h, n_q, d_k)
@@ -394,8 +409,28 @@ class MultiHeadAttention(nn.Module):
                     getattr(self, name).copy_(src)
 
     @classmethod
-    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> "MultiHeadAttention":
-        """A module holding copies of ``weights`` (paper orientation)."""
+    def from_weights(cls, weights: AttentionWeights | GroupedAttentionWeights, num_heads: int) -> "MultiHeadAttention":
+        """A module holding copies of ``weights`` (paper orientation).
+
+        A :class:`~attnlib.decoding.GroupedAttentionWeights` (what :meth:`grouped_weights`
+        returns) keeps its ``num_kv_heads`` and ``rope_base``: this is then
+        :meth:`from_grouped_weights`, and ``num_heads`` must equal ``weights.num_heads``.
+
+        Raises:
+            TypeError: ``weights`` is neither record.
+            ValueError: ``num_heads`` differs from a ``GroupedAttentionWeights``' own.
+        """
+        if isinstance(weights, GroupedAttentionWeights):
+            if num_heads != weights.num_heads:
+                raise ValueError(
+                    f"num_heads={num_heads!r} does not match the GroupedAttentionWeights' "
+                    f"num_heads={weights.num_heads}"
+                )
+            return cls.from_grouped_weights(weights)
+        if not isinstance(weights, AttentionWeights):
+            raise TypeError(
+                f"weights must be an AttentionWeights or GroupedAttentionWeights, got {type(weights).__name__}"
+            )
         mha = cls(weights.d_model, num_heads, bias=weights.bias, device=weights.w_q.device, dtype=weights.w_q.dtype)
         mha._copy_from(weights)
         return mha
@@ -562,7 +597,20 @@ class SeparateHeadsAttention(nn.Module):
 
     @classmethod
     def from_fused(cls, mha: MultiHeadAttention) -> "SeparateHeadsAttention":
-        """h small heads holding copies of ``mha``'s per-head blocks."""
+        """h small heads holding copies of ``mha``'s per-head blocks.
+
+        Raises:
+            TypeError: ``mha`` is not a :class:`MultiHeadAttention`.
+            ValueError: ``mha`` has RoPE or grouped keys/values (chapter 8), which this
+                plain layer does not have (:meth:`MultiHeadAttention.expand_kv_heads`
+                removes the grouping).
+        """
+        if not isinstance(mha, MultiHeadAttention):
+            raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
+        _require_plain(
+            mha, "SeparateHeadsAttention (the plain layer of chapters 3-5)",
+            "it has no rotation to copy; build the MultiHeadAttention without rope_base to compare the two",
+        )
         # built on the meta device (no memory, no random numbers drawn), then filled
         sep = cls(mha.d_model, mha.num_heads, bias=mha.bias, device="meta", dtype=mha.w_q.dtype)
         sep._load(mha)

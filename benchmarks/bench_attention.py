@@ -40,20 +40,26 @@ products).
 
 Usage (from the repository root)::
 
-    python benchmarks/bench_attention.py                       # sweep on CPU, default threads
+    python benchmarks/bench_attention.py --out my_sweep.csv    # sweep on CPU, default threads
     python benchmarks/bench_attention.py --threads 1 --clock cpu --out benchmarks/results/cpu_sweep.csv
     python benchmarks/bench_attention.py --target --out benchmarks/results/cpu_target.csv
     python benchmarks/bench_attention.py --device cuda --out benchmarks/results/cuda_sweep.csv
     python benchmarks/bench_attention.py --device cuda --target --out benchmarks/results/cuda_target.csv
-    python benchmarks/bench_attention.py --quick                # a few seconds: smoke test
-    python benchmarks/bench_attention.py --decoding --threads 1 --clock cpu --rounds 5  # chapter 8
+    python benchmarks/bench_attention.py --quick                # a few seconds: smoke test, into a temporary folder
+    python benchmarks/bench_attention.py --decoding --threads 1 --clock cpu --rounds 5 --out benchmarks/results/cpu_decoding.csv
 
 ``--target`` measures only the book's reference layer (B=8, n=256, d_model=512,
 h=8) with attnlib against ``torch.nn.MultiheadAttention``, with more rounds.
 ``--clock cpu`` times with the process's CPU time instead of the wall clock (CPU
-only; with one thread it ignores the time other programs take the core away).
+only, and with ``--threads 1``: the process's CPU time is summed over its threads;
+with one thread it ignores the time other programs take the core away).
 On CUDA the clock is the wall clock around ``torch.cuda.synchronize()``.
 A plot is written next to the CSV (same name, ``.png``) unless ``--no-plot``.
+
+Where the CSV goes: ``--out``; without it, ``benchmarks/results/<device>_<kind>.csv``
+unless that file exists (the committed results are replaced only by naming them in
+``--out``). ``--quick`` writes to a fresh temporary folder (or ``--out``) and never
+into ``benchmarks/results/``: its tiny sizes are a smoke test, not results.
 
 The committed results in ``benchmarks/results/`` come from the book's build machine,
 2 shared CPU cores, PyTorch 2.13 CPU build, float32:
@@ -75,6 +81,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,6 +98,8 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 from attnlib import MultiHeadAttention, SeparateHeadsAttention
 from attnlib.interop import write_packed_linear
+
+RESULTS = Path(__file__).resolve().parent / "results"  # the committed results
 
 VARIANTS = [
     "per_head_loop",
@@ -341,7 +350,7 @@ def plot(rows: list[dict[str, object]], path: Path, h_fixed: int, n_fixed: int) 
 # need_weights=False (SDPA) path; MHA/GQA/MQA use RoPE, MLA its decoupled RoPE key.
 # The KVCache appends with torch.cat (a copy of the cache per step), as a simple cache does.
 #
-#   python benchmarks/bench_attention.py --decoding --threads 1 --clock cpu --rounds 5
+#   python benchmarks/bench_attention.py --decoding --threads 1 --clock cpu --rounds 5 --out benchmarks/results/cpu_decoding.csv
 #
 # writes benchmarks/results/cpu_decoding.csv (committed: B=8, n_ctx=1024, d_model=512, h=8,
 # GQA g=2, MQA g=1, MLA d_c=128, d_r=32; 2 shared cores, one thread, CPU time).
@@ -478,10 +487,27 @@ def run_decoding(
 # ---- end of the decoding section --------------------------------------------------------------
 
 
+def output_path(p: argparse.ArgumentParser, a: argparse.Namespace, name: str) -> Path:
+    """The CSV to write (see the module docstring): ``--out``; for ``--quick`` a fresh
+    temporary folder, never ``RESULTS``; otherwise ``RESULTS / name`` if it does not exist."""
+    if a.quick:
+        if a.out is not None and RESULTS in Path(a.out).resolve().parents:
+            p.error(f"--quick is a smoke test and must not write into {RESULTS}: "
+                    "leave --out out (a temporary folder) or give one elsewhere")
+        return Path(a.out) if a.out is not None else Path(tempfile.mkdtemp(prefix="attnlib-bench-")) / name
+    if a.out is not None:
+        return Path(a.out)
+    out = RESULTS / name
+    if out.exists():
+        p.error(f"{out} exists (committed results): give --out elsewhere, or --out {out} to replace it on purpose")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
-    p.add_argument("--out", default=None, help="CSV to write (default benchmarks/results/<device>_sweep.csv)")
+    p.add_argument("--out", default=None, help="CSV to write (default: benchmarks/results/<device>_<kind>.csv "
+                   "if it does not exist yet; a temporary folder with --quick)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512], help="n, with --heads-at-lengths' h")
@@ -507,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--device cuda but torch.cuda.is_available() is False")
     if a.clock == "cpu" and device.type != "cpu":
         p.error("--clock cpu measures the process's CPU time: use it with --device cpu only")
+    if a.clock == "cpu" and a.threads != 1:
+        p.error("--clock cpu sums the CPU time of all the process's threads: use it with --threads 1")
+    kind = "decoding" if a.decoding else "target" if a.target else "sweep"
+    out = output_path(p, a, f"{device.type}_{kind}.csv")
     if a.threads:
         torch.set_num_threads(a.threads)
     dtype = getattr(torch, a.dtype)
@@ -514,8 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.decoding:
         n_ctx, rounds = (32, 2) if a.quick else (a.n_ctx, a.rounds)
         d_model, h = (64, 4) if a.quick else (a.d_model, a.heads_at_lengths)
-        out_d = Path(a.out or f"benchmarks/results/{device.type}_decoding.csv")
-        run_decoding(a.batch, n_ctx, d_model, h, rounds, device, dtype, a.clock, out_d, d_c=d_model // 4, d_r=d_model // (2 * h))
+        run_decoding(a.batch, n_ctx, d_model, h, rounds, device, dtype, a.clock, out, d_c=d_model // 4, d_r=d_model // (2 * h))
         return 0
     names = list(a.variants)
     for needed in ("attnlib", "torch_mha", "torch_mha_noweights"):
@@ -531,7 +560,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         configs = [(n, a.heads_at_lengths) for n in a.lengths]
         configs += [(a.length_for_heads, h) for h in a.heads if (a.length_for_heads, h) not in configs]
-    out = Path(a.out or f"benchmarks/results/{device.type}_{'target' if a.target else 'sweep'}.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())

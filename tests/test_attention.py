@@ -344,6 +344,27 @@ def test_type_error_for_non_tensor_inputs(name):
         attention(**args)
 
 
+@pytest.mark.parametrize(
+    ("scale", "error", "match"),
+    [
+        ("0.5", TypeError, "scale must be a real number or None, got str '0.5'"),
+        (True, TypeError, "scale must be a real number or None, got bool True"),
+        (torch.tensor(0.5), TypeError, "scale must be a real number or None, got Tensor"),
+        (float("nan"), ValueError, r"scale must be a finite number >= 0, or None for 1/sqrt\(d_k\); got nan"),
+        (float("inf"), ValueError, "scale must be a finite number >= 0.*got inf"),
+        (-0.5, ValueError, "scale must be a finite number >= 0.*got -0.5"),
+    ],
+)
+def test_scale_must_be_a_finite_number_or_none(scale, error, match):
+    with pytest.raises(error, match=match):
+        attention(_t(2, 3), _t(4, 3), _t(4, 6), scale=scale)
+
+
+def test_scale_zero_gives_uniform_weights():
+    _, w = attention(torch.randn(2, 3), torch.randn(4, 3), torch.randn(4, 6), scale=0)
+    torch.testing.assert_close(w, torch.full((2, 4), 0.25))
+
+
 def test_type_error_for_non_tensor_mask():
     with pytest.raises(TypeError, match=r"mask must be a torch.Tensor of dtype torch.bool, got list"):
         attention(_t(2, 3), _t(4, 3), _t(4, 6), mask=[[True] * 4] * 2)

@@ -302,6 +302,8 @@ def test_latent_cache_repr_and_clear() -> None:
         (lambda m, c: m(_randn(1, 2, 12, dtype=torch.float32)), ValueError, "dtype torch.float32"),
         (lambda m, c: m(_randn(1, 2, 12), mask=torch.ones(3, 3, dtype=torch.bool)), ValueError, "does not broadcast"),
         (lambda m, c: m(_randn(1, 2, 12), mask=torch.ones(2, 2)), ValueError, "torch.bool"),
+        (lambda m, c: m(_randn(3, 2, 12), mask=torch.ones(3, 2, 2, dtype=torch.bool)), ValueError,
+         r"mask of shape \(3, 2, 2\) is 3-D, which is ambiguous .* mask\[:, None\] .* mask\[None\]"),
         (lambda m, c: m(_randn(2, 1, 12), cache=KVCache()), TypeError, "cache must be an attnlib.LatentCache"),
         (lambda m, c: m(_randn(2, 1, 12), cache=c, mask=causal_mask(1)), ValueError, "mask cannot be combined with cache"),
         (lambda m, c: m(_randn(3, 1, 12), cache=c), ValueError, "batch size 3 does not match the LatentCache's batch size 2"),
@@ -315,6 +317,15 @@ def test_mla_errors(call: object, exc: type[Exception], match: str) -> None:
         call(mla, cache)  # type: ignore[operator]
 
 
+def test_latent_cache_update_refuses_latents_and_rope_keys_that_do_not_pair_up() -> None:
+    cache, m = LatentCache(), torch.nn.Identity()
+    with pytest.raises(ValueError, match=r"latents of shape \(1, 3, 5\) and rope_keys of shape \(1, 2, 4\) must have the same \(B, t\)"):
+        cache.update(m, torch.zeros(1, 3, 5), torch.zeros(1, 2, 4))
+    with pytest.raises(ValueError, match=r"latents must have shape \(B, t, d_c\), got \(3, 5\)"):
+        cache.update(m, torch.zeros(3, 5), torch.zeros(1, 3, 4))
+    assert len(cache) == 0
+
+
 def test_latent_cache_dtype_mismatch() -> None:
     mla = _mla(0)
     cache = LatentCache()
@@ -322,6 +333,20 @@ def test_latent_cache_dtype_mismatch() -> None:
     mla.float()
     with pytest.raises(ValueError, match="dtype torch.float32 does not match the LatentCache's dtype torch.float64"):
         mla(_randn(1, 1, 12, dtype=torch.float32), cache=cache)
+
+
+@pytest.mark.parametrize(("absorb", "need_weights"), [(False, True), (True, True), (True, False)])
+def test_mla_cached_decoding_under_autocast(absorb: bool, need_weights: bool) -> None:
+    """The latents are bfloat16 under autocast while x stays float32: the cache takes them."""
+    mla = _mla(0).float()
+    x = _randn(2, 6, 12, dtype=torch.float32)
+    with torch.no_grad():
+        ref, _ = mla(x, mask=causal_mask(6))
+        cache = LatentCache()
+        with torch.autocast("cpu", torch.bfloat16):
+            outs = [mla(t, need_weights=need_weights, cache=cache, absorb=absorb)[0] for t in (x[:, :4], x[:, 4:5], x[:, 5:])]
+    assert cache.dtype == torch.bfloat16 and len(cache) == 6
+    torch.testing.assert_close(torch.cat(outs, dim=1).float(), ref, atol=0.05, rtol=0.05)
 
 
 @pytest.mark.parametrize(

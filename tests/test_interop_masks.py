@@ -75,7 +75,7 @@ def test_to_torch_mha_masks_matches_real_layer(b: int, h: int, n: int, seed: int
     ours, theirs = _torch_pair(8, h, seed)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(b, n, 8, generator=g, dtype=DTYPE)
-    shape = {"shared": (n, n), "sequence": (b, 1, n, n), "head": (h, n, n), "both": (b, h, n, n)}[per]
+    shape = {"shared": (n, n), "sequence": (b, 1, n, n), "head": (1, h, n, n), "both": (b, h, n, n)}[per]
     mask = _mask(g, *shape)
     with torch.no_grad():
         ref, w_ref = ours(x, x, x, mask=mask)
@@ -230,6 +230,9 @@ def test_errors_name_the_argument() -> None:
         to_torch_mha_masks(torch.ones(1, 1, 1, 2, 2, dtype=torch.bool), 1, 1)
     with pytest.raises(ValueError, match=r"does not broadcast to \(B, h, n_q, n_k\) with B = 2, h = 4"):
         to_torch_mha_masks(torch.ones(3, 1, 2, 2, dtype=torch.bool), 2, 4)
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 2, 3\) is 3-D, which is ambiguous .* "
+                                         r"\(B, h, n_q, n_k\) = \(2, 2, 2, 3\): .* mask\[:, None\] .* mask\[None\]"):
+        to_torch_mha_masks(torch.ones(2, 2, 3, dtype=torch.bool), 2, 2)
     with pytest.raises(ValueError, match="give attn_mask, key_padding_mask or both"):
         from_torch_mha_masks(None, None, 1, 1)
     with pytest.raises(ValueError, match=r"\(B \* h, n_q, n_k\) with B \* h = 4, got \(3, 2, 2\)"):

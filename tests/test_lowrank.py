@@ -328,6 +328,22 @@ def test_circuit_errors() -> None:
             circuit(mha, 1.0)  # type: ignore[arg-type]
 
 
+def test_circuits_refuse_rope_and_groups() -> None:
+    """W^QK is not the scores' matrix under RoPE; grouped modules have fewer key/value heads."""
+    rope = MultiHeadAttention(16, 4, rope_base=10000.0)
+    with pytest.raises(ValueError, match=r"qk_circuit is defined without RoPE, but this module has rope_base=10000: "
+                                         r"the W\^QK lens is only defined without RoPE's position-dependent rotation"):
+        qk_circuit(rope)
+    ov_circuit(rope)  # RoPE rotates queries and keys only: W^OV is unchanged
+    grouped = MultiHeadAttention(16, 4, num_kv_heads=2)
+    for circuit in (qk_circuit, ov_circuit):
+        with pytest.raises(ValueError, match=r"num_kv_heads=2 < num_heads=4: pass mha.expand_kv_heads\(\)"):
+            circuit(grouped, 1)
+    plain = grouped.expand_kv_heads()
+    torch.testing.assert_close(qk_circuit(plain, 1).left, grouped.head(1).w_q, atol=0, rtol=0)
+    torch.testing.assert_close(qk_circuit(plain, 1).right, grouped.head(1).w_k.detach().T, atol=0, rtol=0)
+
+
 # ---- fm @ x, and the SVD computed once ------------------------------------------------------
 def test_matmul_from_the_left_and_with_another_factored_matrix() -> None:
     g = torch.Generator().manual_seed(3)

@@ -540,8 +540,19 @@ class TestInputErrors:
         with pytest.raises(TypeError, match="mask must be a torch.Tensor"):
             module(self.x, self.y, self.y, mask=[[True] * 4] * 3)
 
+    def test_three_d_mask_is_refused(self, module: nn.Module) -> None:
+        """(B, n_q, n_k) with B = h = 2 would broadcast per head: sequence 0's mask on head 0."""
+        per_sequence = torch.ones(2, 3, 4, dtype=torch.bool)
+        per_sequence[0, :, -1] = False  # sequence 0 pads its last key
+        with pytest.raises(ValueError, match=r"mask of shape \(2, 3, 4\) is 3-D, which is ambiguous for the scores' "
+                                             r"shape \(B, h, n_q, n_k\) = \(2, 2, 3, 4\): write a per-sequence mask "
+                                             r"\(B, n_q, n_k\) as mask\[:, None\] and a per-head mask \(h, n_q, n_k\) as mask\[None\]"):
+            module(self.x, self.y, self.y, mask=per_sequence)
+        _, w = module(self.x, self.y, self.y, mask=per_sequence[:, None])  # as the message says
+        assert w is not None and (w[0, :, :, -1] == 0).all() and (w[1, :, :, -1] > 0).all()
+
     def test_good_mask_shapes_accepted(self, module: nn.Module) -> None:
-        for shape in [(4,), (3, 4), (1, 4), (2, 1, 1, 4), (2, 3, 4), (2, 2, 3, 4), (1, 1, 3, 1)]:
+        for shape in [(4,), (3, 4), (1, 4), (2, 1, 1, 4), (1, 2, 3, 4), (2, 2, 3, 4), (1, 1, 3, 1)]:
             mask = torch.ones(shape, dtype=torch.bool)
             out, w = module(self.x, self.y, self.y, mask=mask)
             assert out.shape == (2, 3, 8) and w is not None and w.shape == (2, 2, 3, 4)

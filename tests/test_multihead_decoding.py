@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from attnlib import KVCache, LatentCache, MultiHeadAttention, attention
+from attnlib import KVCache, LatentCache, MultiHeadAttention, SeparateHeadsAttention, attention
 from attnlib.decoding import apply_rope, causal_mask
 
 DTYPE = torch.float64
@@ -292,6 +292,25 @@ def test_cache_misuse_errors() -> None:
     assert len(cache) == 1
 
 
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_cached_decoding_under_autocast(need_weights: bool) -> None:
+    """Under autocast the keys are bfloat16 while the inputs stay float32: the cache holds
+    what the projections produced, and every later call under the same autocast reads it."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, num_kv_heads=2, rope_base=100.0)
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        ref, _ = mha(x, x, x, mask=causal_mask(6))  # float32, one causal pass
+        cache = KVCache()
+        with torch.autocast("cpu", torch.bfloat16):
+            outs = [mha(t, t, t, need_weights=need_weights, cache=cache)[0] for t in (x[:, :4], x[:, 4:5], x[:, 5:])]
+    assert cache.dtype == torch.bfloat16 and len(cache) == 6
+    torch.testing.assert_close(torch.cat(outs, dim=1).float(), ref, atol=0.05, rtol=0.05)
+    t = x[:, 5:]
+    with pytest.raises(ValueError, match=r"dtype torch.float32 does not match the KVCache's dtype torch.bfloat16: .* same autocast"):
+        mha(t, t, t, cache=cache)  # the same cache outside autocast
+
+
 def test_kv_cache_update_refuses_other_head_shapes() -> None:
     cache = KVCache()
     m = nn.Identity()
@@ -300,6 +319,33 @@ def test_kv_cache_update_refuses_other_head_shapes() -> None:
         cache.update(m, torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))
     with pytest.raises(ValueError, match="device"):
         cache.update(m, torch.zeros(1, 2, 1, 4, device="meta"), torch.zeros(1, 2, 1, 4, device="meta"))
+
+
+def test_kv_cache_update_refuses_keys_and_values_that_do_not_pair_up() -> None:
+    cache, m = KVCache(), nn.Identity()
+    with pytest.raises(ValueError, match=r"keys of shape \(1, 2, 3, 4\) and values of shape \(1, 2, 5, 4\) must have the same \(B, g, t\)"):
+        cache.update(m, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4))
+    with pytest.raises(ValueError, match=r"values must have shape \(B, g, t, d_v\), got \(2, 3, 4\)"):
+        cache.update(m, torch.zeros(1, 2, 3, 4), torch.zeros(2, 3, 4))
+    with pytest.raises(TypeError, match="keys must be a torch.Tensor, got list"):
+        cache.update(m, [0.0], torch.zeros(1, 2, 3, 4))  # type: ignore[arg-type]
+    assert len(cache) == 0
+
+
+def test_cache_of_a_garbage_collected_module() -> None:
+    import gc
+
+    mha = MultiHeadAttention(8, 2)
+    cache = _filled(mha)
+    del mha
+    gc.collect()
+    other = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 1, 8)
+    with pytest.raises(ValueError, match=r"filled by a module that no longer exists \(it was garbage-collected\); call cache.clear\(\)"):
+        other(x, x, x, cache=cache)
+    cache.clear()
+    other(x, x, x, cache=cache)
+    assert len(cache) == 1
 
 
 # ---- constructor and conversion errors --------------------------------------------------------
@@ -341,6 +387,35 @@ def test_torch_conversions_refuse_groups_and_rope() -> None:
         MultiHeadAttention(8, 4, num_kv_heads=2).attention_weights()
     with pytest.raises(TypeError, match="GroupedAttentionWeights"):
         MultiHeadAttention.from_grouped_weights(MultiHeadAttention(8, 4).attention_weights())  # type: ignore[arg-type]
+
+
+def test_separate_heads_refuse_rope_and_groups() -> None:
+    """SeparateHeadsAttention has neither: copying the weights alone would compute another function."""
+    with pytest.raises(ValueError, match=r"SeparateHeadsAttention \(the plain layer of chapters 3-5\) is defined without RoPE, but this module has rope_base=10000"):
+        SeparateHeadsAttention.from_fused(MultiHeadAttention(8, 2, rope_base=10000.0))
+    grouped = MultiHeadAttention(8, 4, num_kv_heads=2, dtype=DTYPE)
+    with pytest.raises(ValueError, match=r"num_kv_heads=2 < num_heads=4: pass mha.expand_kv_heads\(\)"):
+        SeparateHeadsAttention.from_fused(grouped)
+    with pytest.raises(TypeError, match="mha must be an attnlib.MultiHeadAttention, got Linear"):
+        SeparateHeadsAttention.from_fused(nn.Linear(8, 8))  # type: ignore[arg-type]
+    x = torch.randn(2, 3, 8, dtype=DTYPE)
+    sep = SeparateHeadsAttention.from_fused(grouped.expand_kv_heads())  # the way the message gives
+    torch.testing.assert_close(sep(x, x, x)[0], grouped(x, x, x)[0], **TOL)
+
+
+def test_from_weights_keeps_groups_and_rope_of_grouped_weights() -> None:
+    """from_weights(mha.grouped_weights(), h) rebuilds the same function, RoPE and groups included."""
+    mha = MultiHeadAttention(12, 6, num_kv_heads=3, rope_base=1000.0, dtype=DTYPE)
+    again = MultiHeadAttention.from_weights(mha.grouped_weights(), 6)
+    assert (again.num_heads, again.num_kv_heads, again.rope_base) == (6, 3, 1000.0)
+    x = torch.randn(2, 5, 12, dtype=DTYPE)
+    torch.testing.assert_close(again(x, x, x)[0], mha(x, x, x)[0], **TOL)
+    rope_only = MultiHeadAttention(8, 2, rope_base=10.0, dtype=DTYPE)
+    assert MultiHeadAttention.from_weights(rope_only.grouped_weights(), 2).rope_base == 10.0
+    with pytest.raises(ValueError, match=r"num_heads=3 does not match the GroupedAttentionWeights' num_heads=6"):
+        MultiHeadAttention.from_weights(mha.grouped_weights(), 3)
+    with pytest.raises(TypeError, match="weights must be an AttentionWeights or GroupedAttentionWeights, got dict"):
+        MultiHeadAttention.from_weights({}, 6)  # type: ignore[arg-type]
 
 
 def test_grouped_weights_round_trip() -> None:

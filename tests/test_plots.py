@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import matplotlib
 
@@ -75,12 +77,18 @@ def test_block_heatmap() -> None:
         plots.block_heatmap(torch.rand(2, 3), ["r0", "r1"], ["c0", "c1"], "b", "o", "g")
 
 
-def test_benchmark_panels_on_the_committed_results() -> None:
+def _bench() -> ModuleType:
+    """benchmarks/bench_attention.py, imported as a module."""
     spec = importlib.util.spec_from_file_location("bench_attention", RESULTS.parent / "bench_attention.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # dataclasses look their module up while it runs
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_benchmark_panels_on_the_committed_results() -> None:
+    bench = _bench()
     rows = bench.read_results(RESULTS / "cpu_sweep.csv")
     fig = plots.benchmark_panels(rows)
     _labelled(fig)
@@ -88,6 +96,39 @@ def test_benchmark_panels_on_the_committed_results() -> None:
         plots.benchmark_panels(rows, modes=("inference",))
     with pytest.raises(ValueError, match="no 'forward' rows with"):
         plots.benchmark_panels(rows, h_fixed=3)
+
+
+def test_benchmark_quick_run_leaves_the_committed_results_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    committed = {f: f.read_bytes() for f in RESULTS.iterdir() if f.is_file()}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes its folder
+    _bench().main(["--quick", "--device", "cpu", "--modes", "forward", "--variants", "attnlib"])
+    written = [Path(line.removeprefix("wrote ")) for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert [f.suffix for f in written] == [".csv", ".png"]
+    assert all(tmp_path in f.parents and f.exists() for f in written)
+    assert {f: f.read_bytes() for f in RESULTS.iterdir() if f.is_file()} == committed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--quick", "--out", str(RESULTS / "cpu_sweep.csv")], "--quick is a smoke test and must not write into"),
+        (["--quick", "--decoding", "--out", str(RESULTS / "x.csv")], "--quick is a smoke test and must not write into"),
+        (["--rounds", "1"], "cpu_sweep.csv exists (committed results): give --out elsewhere"),
+        (["--decoding"], "cpu_decoding.csv exists (committed results)"),
+        (["--clock", "cpu"], "--clock cpu sums the CPU time of all the process's threads: use it with --threads 1"),
+        (["--clock", "cpu", "--threads", "2", "--quick"], "use it with --threads 1"),
+    ],
+)
+def test_benchmark_refuses_to_overwrite_results_and_cpu_time_of_many_threads(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    threads = torch.get_num_threads()
+    with pytest.raises(SystemExit, match="2"):  # argparse's usage error, before anything runs
+        _bench().main(["--device", "cpu", *argv])
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert torch.get_num_threads() == threads
 
 
 def test_attention_maps_share_one_colour_bar() -> None:
