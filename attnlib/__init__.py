@@ -27,7 +27,15 @@ from attnlib.explorers import head_explorer, sharpness_explorer
 from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
 from attnlib.multihead import HeadWeights, MultiHeadAttention, SeparateHeadsAttention
 from attnlib.pretrained import mean_pool, minilm_attention
-from attnlib.recall import PhoneBookTask, RecallBatch, RecallHead, block_fractions, train_recall
+from attnlib.recall import (
+    PhoneBookTask,
+    RecallBatch,
+    RecallHead,
+    RecallRuns,
+    block_fractions,
+    train_recall,
+    train_recall_runs,
+)
 
 __all__ = [
     # chapters 1-3
@@ -54,6 +62,8 @@ __all__ = [
     "RecallBatch",
     "RecallHead",
     "train_recall",
+    "RecallRuns",
+    "train_recall_runs",
     "block_fractions",
     # chapter 8
     "KVCache",

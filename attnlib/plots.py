@@ -449,16 +449,34 @@ def rank_sweep(
     ylabel: str,
     ax: Axes | None = None,
     title: str | None = None,
+    spreads: dict[str, tuple[Sequence[float] | np.ndarray, Sequence[float] | np.ndarray]] | None = None,
+    levels: dict[str, float] | None = None,
 ) -> Figure:
     """Results against the head width ``d_k`` (log-2 axis), one line per entry of
     ``series``, with a dashed vertical line at each value of ``references``
-    (label -> d_k), e.g. the number of keys a naive argument asks for."""
+    (label -> d_k), e.g. the number of keys a naive argument asks for.
+
+    ``spreads`` (a label of ``series`` -> (lowest, highest) per ``d_k``) shades the
+    range of that series over seeds; ``levels`` (label -> y) draws a horizontal line,
+    e.g. the accuracy of a control that does not depend on ``d_k``."""
+    spreads, levels = spreads or {}, levels or {}
     for label, y in series.items():
         if len(y) != len(d_ks):
             raise ValueError(f"series[{label!r}] must have len(d_ks) = {len(d_ks)} values, got {len(y)}")
+    for label, (lo, hi) in spreads.items():
+        if label not in series:
+            raise ValueError(f"spreads[{label!r}] names no series; series are {list(series)}")
+        if len(lo) != len(d_ks) or len(hi) != len(d_ks):
+            raise ValueError(f"spreads[{label!r}] must hold two sequences of len(d_ks) = {len(d_ks)} values")
     fig, ax = _axes(ax, (5.5, 3.6))
     for label, y in series.items():
-        ax.plot(list(d_ks), _to_numpy(np.asarray(y)), marker="o", label=label)
+        (line,) = ax.plot(list(d_ks), _to_numpy(np.asarray(y)), marker="o", label=label)
+        if label in spreads:
+            lo, hi = spreads[label]
+            ax.fill_between(list(d_ks), _to_numpy(np.asarray(lo)), _to_numpy(np.asarray(hi)),
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+    for k, (label, y0) in enumerate(levels.items()):
+        ax.axhline(y0, color="black", linestyle=["--", ":"][k % 2], linewidth=1.0, label=label)
     styles = [":", "--", "-."]
     for k, (label, x) in enumerate(references.items()):
         ax.axvline(x, color="grey", linestyle=styles[k % len(styles)], linewidth=1.2, label=label)

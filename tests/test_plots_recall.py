@@ -43,3 +43,16 @@ def test_rank_sweep() -> None:
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["accuracy", "names", "numbers"]
     with pytest.raises(ValueError, match=r"series\['accuracy'\] must have len\(d_ks\) = 3 values, got 2"):
         plots.rank_sweep([1, 2, 4], {"accuracy": [0.2, 0.7]}, {}, ylabel="y")
+
+
+def test_rank_sweep_spreads_and_levels() -> None:
+    fig = plots.rank_sweep([1, 2, 4], {"accuracy": [0.2, 0.7, 1.0]}, {"numbers": 3.0},
+                           ylabel="share", spreads={"accuracy": ([0.1, 0.6, 1.0], [0.3, 0.8, 1.0])},
+                           levels={"never searches": 0.5})
+    ax = fig.axes[0]
+    assert len(ax.collections) == 1  # the shaded spread
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["accuracy", "never searches", "numbers"]
+    with pytest.raises(ValueError, match=r"spreads\['loss'\] names no series"):
+        plots.rank_sweep([1, 2], {"accuracy": [0.2, 0.7]}, {}, ylabel="y", spreads={"loss": ([0, 0], [1, 1])})
+    with pytest.raises(ValueError, match=r"spreads\['accuracy'\] must hold two sequences of len\(d_ks\) = 2"):
+        plots.rank_sweep([1, 2], {"accuracy": [0.2, 0.7]}, {}, ylabel="y", spreads={"accuracy": ([0], [1])})

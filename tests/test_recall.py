@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from attnlib import attention
 from attnlib.lowrank import ov_circuit, qk_circuit
-from attnlib.recall import PhoneBookTask, RecallHead, block_fractions, train_recall
+from attnlib.recall import PhoneBookTask, RecallHead, RecallRuns, block_fractions, train_recall, train_recall_runs
 
 F64 = torch.float64
 FAST = settings(max_examples=20, deadline=None)
@@ -186,3 +186,87 @@ def test_block_fractions_errors() -> None:
         block_fractions([[1.0]], [slice(0, 1)], [slice(0, 1)])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="matrix is zero"):
         block_fractions(torch.zeros(2, 2), [slice(0, 1)], [slice(0, 1)])
+
+
+# ---- many runs at once ---------------------------------------------------------------------
+def test_draw_is_what_sample_embeds() -> None:
+    b = TASK.sample(16, _gen(4), "even")
+    names, numbers, slot = TASK.draw(16, _gen(4), "even")
+    assert torch.equal(b.names, names) and torch.equal(b.numbers, numbers) and torch.equal(b.slot, slot)
+
+
+@FAST
+@given(st.lists(st.sampled_from([1, 2, 5, 10]), min_size=1, max_size=3), st.integers(0, 2**31 - 1))
+def test_runs_compute_each_head(d_ks: list[int], seed: int) -> None:
+    """Every run is the RecallHead of its width and seed; the padding does nothing."""
+    seeds = [seed + i for i in range(len(d_ks))]
+    runs = RecallRuns(TASK.d_model, TASK.n_numbers, d_ks, seeds, dtype=F64)
+    b = TASK.sample(7, _gen(seed), dtype=F64)
+    logits, weights = runs.run_batch(b)  # (R, 7, M), (R, 7, P)
+    for r, (d_k, s) in enumerate(zip(d_ks, seeds)):
+        head = RecallHead(TASK.d_model, TASK.n_numbers, d_k, seed=s, dtype=F64)
+        y, a = head(b.context, b.query)
+        assert_close(logits[r], y)
+        assert_close(weights[r], a)
+        assert_close(runs.head(r).attn.w_q, head.attn.w_q)
+    qk, ov = runs.circuits()  # (R, d_model, d_model) each
+    assert_close(qk[0], qk_circuit(runs.head(0).attn, 0).full())
+    assert_close(ov[0], ov_circuit(runs.head(0).attn, 0).full())
+
+
+def test_runs_without_search_and_with_tied_values() -> None:
+    runs = RecallRuns(TASK.d_model, TASK.n_numbers, [5, 5], [1, 1], search=[False, True], tie_vk=[False, True], dtype=F64)
+    b = TASK.sample(6, _gen(2), dtype=F64)
+    logits, weights = runs.run_batch(b)
+    assert_close(weights[0], torch.full((6, 3), 1 / 3, dtype=F64))  # never searches: uniform
+    w_q, w_k, w_o, w_r = (t.detach()[1] for t in (runs.w_q, runs.w_k, runs.w_o, runs.readout))
+    out, a = attention(b.query @ w_q, b.context @ w_k, b.context @ w_k)  # W^V = W^K
+    assert_close(weights[1], a[:, 0])
+    assert_close(logits[1], out[:, 0] @ w_o @ w_r)
+    assert_close(runs.circuits()[1][1], w_k @ w_o)
+    train_recall_runs(runs, TASK, steps=3, batch_size=8)
+    assert_close(runs.w_v[1], RecallRuns(TASK.d_model, TASK.n_numbers, [5], [1], dtype=F64).w_v[0] * (1 - 0.1 * 0.05) ** 3)  # unused: only decays
+    with pytest.raises(ValueError, match="run 0 has a tied or switched-off search"):
+        runs.head(0)
+
+
+def test_runs_train_as_train_recall() -> None:
+    """Training R runs together gives each run the training of train_recall, whatever the
+    others do: other widths, weight decay, loss or target."""
+    d_ks, seeds = [2, 5, 10, 5], [3, 4, 3, 0]
+    decays, losses = [0.05, 0.0, 0.05, 0.05], ["squared", "squared", "cross_entropy", "squared"]
+    runs = RecallRuns(TASK.d_model, TASK.n_numbers, d_ks, seeds, dtype=F64)
+    out = train_recall_runs(runs, TASK, steps=6, batch_size=8, weight_decay=decays, loss=losses,  # type: ignore[arg-type]
+                            target=["centred", "centred", "centred", "one_hot"])
+    assert out.shape == (6, 4)
+    for r in range(3):
+        head = RecallHead(TASK.d_model, TASK.n_numbers, d_ks[r], seed=seeds[r], dtype=F64)
+        ref = train_recall(head, TASK, steps=6, batch_size=8, weight_decay=decays[r], seed=seeds[r], loss=losses[r])  # type: ignore[arg-type]
+        assert_close(out[:, r], torch.tensor(ref, dtype=F64))
+        assert_close(runs.head(r).attn.w_q, head.attn.w_q)
+        assert_close(runs.head(r).readout, head.readout)
+        assert (runs.w_q[r, :, d_ks[r]:] == 0).all() and (runs.w_o[r, d_ks[r]:] == 0).all()  # padding stays zero
+    # one-hot targets: the first step's loss is that of e_m, not e_m - 1/M
+    fresh = RecallRuns(TASK.d_model, TASK.n_numbers, [5], [0], dtype=F64)
+    names, numbers, slot = TASK.draw(8, _gen(0))
+    b = TASK.batch(names, numbers, slot, dtype=F64)
+    with torch.no_grad():
+        y, _ = fresh.run_batch(b)
+    goal = torch.nn.functional.one_hot(b.target, 4).to(F64)
+    assert_close(out[0, 3], (y[0] - goal).square().sum(-1).mean())
+
+
+def test_runs_errors() -> None:
+    with pytest.raises(ValueError, match="d_ks and seeds must be non-empty and of one length, got 2 and 1"):
+        RecallRuns(10, 4, [1, 2], [0])
+    with pytest.raises(ValueError, match=r"search and tie_vk must have len\(d_ks\) = 1 entries, got 2 and 1"):
+        RecallRuns(10, 4, [1], [0], search=[True, False])
+    runs = RecallRuns(10, 4, [2, 5], [0, 1])
+    with pytest.raises(ValueError, match=r"loss must be one of \('squared', 'cross_entropy'\) or 2 of them"):
+        train_recall_runs(runs, TASK, steps=1, loss=["squared"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="target must be one of"):
+        train_recall_runs(runs, TASK, steps=1, target="plain")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="weight_decay must be a float or 2 floats"):
+        train_recall_runs(runs, TASK, steps=1, weight_decay=[0.1])
+    with pytest.raises(ValueError, match=r"runs.readout must have shape \(R, d_model, n_numbers\) = \(R, 12, 4\)"):
+        train_recall_runs(runs, PhoneBookTask(8, 4, 2), steps=1)
