@@ -31,7 +31,7 @@ help:
 # What the HTML is built from (the browser tests name the same list): the book is
 # rebuilt when one of them is newer than the last good build.
 HTML := _build/html
-BOOK_SOURCES := $(wildcard _config.yml _toc.yml *.md references.bib chapters/*.ipynb \
+BOOK_SOURCES := $(wildcard _config.yml _toc.yml *.md references.bib chapters/*.ipynb attnlib/*/*.py \
                 attnlib/*.py _static/* _ext/*.py images/*)
 
 book: $(HTML)/index.html

@@ -3,13 +3,14 @@
 The library behind the book. One module per idea, in the order of the chapters:
 
 - :mod:`attnlib.attention`: scaled dot-product attention, one query or many (ch. 1)
-- :mod:`attnlib.multihead`: per-head projections, fused and separate; grouped K/V,
-  RoPE and the KV cache (ch. 2-3, 8)
+- :mod:`attnlib.multihead`: per-head projections, fused and separate (ch. 2-5)
 - :mod:`attnlib.lowrank`: the factored products W_i^QK, W_i^OV: SVD, rank, costs, gauge (ch. 4)
 - :mod:`attnlib.interop`: other libraries' weight layouts, and mask conventions (ch. 5, 8)
 - :mod:`attnlib.pretrained`: all-MiniLM-L6-v2's attention, read offline from its package (ch. 6)
 - :mod:`attnlib.recall`: the phone-book recall task and one trained head (ch. 7)
-- :mod:`attnlib.decoding`: RoPE, the KV cache, grouped and latent attention (ch. 8)
+- :mod:`attnlib.decoding`: RoPE, the KV cache, :class:`DecoderAttention` (grouped
+  keys/values, RoPE and the cache as a subclass of ``MultiHeadAttention``) and latent
+  attention (ch. 8)
 - :mod:`attnlib.audit`: is my attention right? diagnose a learner's module (ch. 9)
 - :mod:`attnlib.plots`, :mod:`attnlib.explorers`: the book's figures, static and interactive
 
@@ -22,7 +23,7 @@ from attnlib import audit
 from attnlib._core import AttentionWeights, assert_rounding_close, rounding_tolerance
 from attnlib.attention import attention, masked_softmax
 from attnlib.audit import AuditReport, diagnose
-from attnlib.decoding import KVCache, LatentAttention, LatentCache
+from attnlib.decoding import DecoderAttention, KVCache, LatentAttention, LatentCache
 from attnlib.explorers import head_explorer, sharpness_explorer
 from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
 from attnlib.multihead import HeadWeights, MultiHeadAttention, SeparateHeadsAttention
@@ -66,6 +67,7 @@ __all__ = [
     "train_recall_runs",
     "block_fractions",
     # chapter 8
+    "DecoderAttention",
     "KVCache",
     "LatentCache",
     "LatentAttention",

@@ -39,10 +39,13 @@ __all__ = [
     "format_shape",
     "check_tensor",
     "check_positive_int",
+    "check_width",
     "check_index",
     "check_mask",
     "check_head_mask",
     "check_heads",
+    "check_attention_inputs",
+    "check_plain",
     "Biases",
     "AttentionWeights",
     "pack_qkv",
@@ -152,6 +155,22 @@ def check_positive_int(name: str, value: object) -> int:
     return n
 
 
+def check_width(value: object, name: str, *, even: bool = False, zero_ok: bool = False) -> int:
+    """``value`` if it is an int >= 1 (>= 0 with ``zero_ok``; even with ``even``):
+    ``TypeError`` for a non-int (``True`` included), ``ValueError`` for a wrong value."""
+    if zero_ok and type(value) is int and value == 0:
+        return 0
+    if zero_ok and type(value) is int and value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
+    value = check_positive_int(name, value)
+    if even and value % 2:
+        raise ValueError(
+            f"{name} must be even for RoPE (dimension j is paired with j + {name}/2), got {value}"
+        )
+    return value
+
+
+
 def check_index(name: str, value: object, size: int, what: str) -> int:
     """``value`` if it is an int in ``[0, size)``: ``TypeError`` for a non-int
     (``True`` included), ``IndexError`` outside the range; ``what`` says what
@@ -219,6 +238,49 @@ def check_head_mask(mask: object, target: torch.Size, name: str = "mask") -> Ten
             f"{name}[:, None] and a per-head mask (h, n_q, n_k) as {name}[None]"
         )
     return check_mask(mask, target, name)
+
+
+def check_plain(mha: object, user: str, rope_reason: str | None) -> None:
+    """Raise ``ValueError`` if the layer ``mha`` has grouped keys/values, or RoPE (unless
+    ``rope_reason`` is ``None``): ``user`` is defined for the plain layer of chapters
+    2-5 only. Reads the attributes every attnlib layer has (``num_heads``,
+    ``num_kv_heads``, ``rope_base``), so that a chapter-2 tool need not import
+    chapter 8's class to refuse it."""
+    rope_base = getattr(mha, "rope_base", None)
+    if rope_reason is not None and rope_base is not None:
+        raise ValueError(f"{user} is defined without RoPE, but this module has rope_base={rope_base:g}: {rope_reason}")
+    h, g = getattr(mha, "num_heads", None), getattr(mha, "num_kv_heads", None)
+    if g != h:
+        raise ValueError(
+            f"{user} is defined for one key/value head per query head, but this module has "
+            f"num_kv_heads={g} < num_heads={h}: pass mha.expand_kv_heads(), "
+            f"the same function with each group's keys and values repeated for its heads"
+        )
+
+
+def check_attention_inputs(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, d_model: int, num_heads: int
+) -> None:
+    """Shape checks of a multi-head layer's call: ``query`` ``(B, n_q, d_model)``, ``key``,
+    ``value`` ``(B, n_k, d_model)``, ``mask`` for scores ``(B, h, n_q, n_k)``; errors name the argument."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if check_tensor(name, t).dim() != 3 or t.shape[-1] != d_model:
+            n = "n_q" if name == "query" else "n_k"
+            raise ValueError(f"{name} must have shape (B, {n}, d_model={d_model}), got {format_shape(t)}")
+    if key.shape[:2] != value.shape[:2]:
+        raise ValueError(
+            f"key and value must have the same batch size and length (B, n_k): "
+            f"key has shape {format_shape(key)}, value has shape {format_shape(value)}"
+        )
+    if query.shape[0] != key.shape[0]:
+        raise ValueError(
+            f"query and key must have the same batch size B: query {format_shape(query)}, key {format_shape(key)}"
+        )
+    if key.shape[1] == 0:
+        raise ValueError(f"key must hold at least one position, got {format_shape(key)}")
+    if mask is not None:
+        b, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
+        check_head_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
 
 
 # ---- the weights of one layer -------------------------------------------------------

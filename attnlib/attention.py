@@ -23,9 +23,9 @@ import numbers
 import torch
 from torch import Tensor
 
-from attnlib._core import check_mask, check_tensor, format_shape
+from attnlib._core import check_mask, check_tensor, check_width, format_shape
 
-__all__ = ["masked_softmax", "attention"]
+__all__ = ["masked_softmax", "attention", "causal_mask"]
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:
@@ -187,3 +187,26 @@ def attention(
     if single:
         return output.squeeze(-2), weights.squeeze(-2)  # (..., d_v), (..., n_k)
     return output, weights
+
+
+def causal_mask(n_q: int, n_k: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+    """The causal mask for ``n_q`` new queries that follow ``n_k - n_q`` cached positions.
+
+    Query ``i`` sits at absolute position ``n_k - n_q + i`` and may attend to keys
+    ``j <= n_k - n_q + i``: row ``i`` allows the first ``n_k - n_q + i + 1`` keys. With
+    ``n_k = n_q`` (the default) this is the lower triangle, ``tril``.
+
+    Returns:
+        bool ``(n_q, n_k)``, ``True`` = may attend.
+
+    Raises:
+        ValueError: ``n_q`` not a positive int, or ``n_k`` not an int ``>= n_q``.
+    """
+    check_width(n_q, "n_q")
+    if n_k is None:
+        n_k = n_q
+    check_width(n_k, "n_k")
+    if n_k < n_q:
+        raise ValueError(f"n_k ({n_k}) must be >= n_q ({n_q}): the queries are the last n_q of the n_k positions")
+    q_pos = torch.arange(n_k - n_q, n_k, device=device)  # (n_q,) absolute positions
+    return torch.arange(n_k, device=device)[None, :] <= q_pos[:, None]  # (n_q, n_k)

@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlib._core import check_tensor, format_shape
+from attnlib._core import check_plain, check_tensor, format_shape
 from attnlib.attention import attention
-from attnlib.lowrank import _QK_NEEDS_NO_ROPE, FactoredMatrix, qk_circuit
-from attnlib.multihead import MultiHeadAttention, _require_plain
+from attnlib.lowrank import QK_NEEDS_NO_ROPE, FactoredMatrix, qk_circuit
+from attnlib.multihead import MultiHeadAttention
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -263,7 +263,7 @@ def head_explorer(
     for layer, m in enumerate(mhas):
         if not isinstance(m, MultiHeadAttention):
             raise TypeError(f"mhas must hold attnlib.MultiHeadAttention, got {type(m).__name__}")
-        _require_plain(m, f"head_explorer (mhas[{layer}])", _QK_NEEDS_NO_ROPE)
+        check_plain(m, f"head_explorer (mhas[{layer}])", QK_NEEDS_NO_ROPE)
     h, d_model, d_k = mhas[0].num_heads, mhas[0].d_model, mhas[0].d_k
     if any((m.num_heads, m.d_model) != (h, d_model) for m in mhas):
         raise ValueError("mhas must all have the same num_heads and d_model")

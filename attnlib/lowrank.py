@@ -28,8 +28,8 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
-from attnlib._core import check_index, check_positive_int, check_tensor, format_shape
-from attnlib.multihead import MultiHeadAttention, _require_plain
+from attnlib._core import check_index, check_plain, check_positive_int, check_tensor, format_shape
+from attnlib.multihead import MultiHeadAttention
 
 __all__ = ["FactoredMatrix", "FlopCount", "qk_circuit", "ov_circuit", "fix_signs"]
 
@@ -452,7 +452,7 @@ class FactoredMatrix:
 
 # ---- the two circuits of a head -----------------------------------------------------
 # Why qk_circuit and explorers.head_explorer refuse a module with RoPE.
-_QK_NEEDS_NO_ROPE = (
+QK_NEEDS_NO_ROPE = (
     "the W^QK lens is only defined without RoPE's position-dependent rotation (with it, query i "
     "and key j score x_i W^Q R_(i-j) W^K^T x_j^T); use a module without rope_base"
 )
@@ -461,7 +461,7 @@ _QK_NEEDS_NO_ROPE = (
 def _heads(mha: object, head: object, user: str, rope_reason: str | None) -> int | None:
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
-    _require_plain(mha, user, rope_reason)
+    check_plain(mha, user, rope_reason)
     if head is None:
         return None
     return check_index("head", head, mha.num_heads, f"num_heads={mha.num_heads}")
@@ -482,7 +482,7 @@ def qk_circuit(
     :math:`x_i W_i^{QK} x_j^\top`) or with grouped keys/values (use
     :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
     """
-    i = _heads(mha, head, "qk_circuit", _QK_NEEDS_NO_ROPE)
+    i = _heads(mha, head, "qk_circuit", QK_NEEDS_NO_ROPE)
     w_q = mha.w_q_heads.detach()  # (h, d_model, d_k)
     w_k = mha.w_k_heads.detach()  # (h, d_model, d_k)
     fm = FactoredMatrix(w_q, w_k.mT)  # (h, d_model, d_k) @ (h, d_k, d_model)

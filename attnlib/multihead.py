@@ -17,7 +17,8 @@ compute the same function.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import warnings
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,23 +27,15 @@ from torch import Tensor, nn
 from attnlib._core import (
     AttentionWeights,
     check_heads,
+    check_attention_inputs,
     check_index,
-    check_head_mask,
-    check_positive_int,
+    check_plain,
     check_tensor,
     format_shape,
     read_torch_mha,
     write_torch_mha,
 )
 from attnlib.attention import attention, masked_softmax
-from attnlib.decoding import (
-    GroupedAttentionWeights,
-    KVCache,
-    _check_base,
-    _check_cache_call,
-    apply_rope,
-    causal_mask,
-)
 
 __all__ = ["MultiHeadAttention", "SeparateHeadsAttention", "HeadWeights"]
 
@@ -66,99 +59,6 @@ class HeadWeights(NamedTuple):
     b_v: Tensor | None
 
 
-def _check_inputs(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, d_model: int, num_heads: int
-) -> None:
-    """Shape checks shared by both implementations; errors name the argument."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if check_tensor(name, t).dim() != 3 or t.shape[-1] != d_model:
-            n = "n_q" if name == "query" else "n_k"
-            raise ValueError(f"{name} must have shape (B, {n}, d_model={d_model}), got {format_shape(t)}")
-    if key.shape[:2] != value.shape[:2]:
-        raise ValueError(
-            f"key and value must have the same batch size and length (B, n_k): "
-            f"key has shape {format_shape(key)}, value has shape {format_shape(value)}"
-        )
-    if query.shape[0] != key.shape[0]:
-        raise ValueError(
-            f"query and key must have the same batch size B: query {format_shape(query)}, key {format_shape(key)}"
-        )
-    if key.shape[1] == 0:
-        raise ValueError(f"key must hold at least one position, got {format_shape(key)}")
-    if mask is not None:
-        b, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
-        check_head_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
-
-
-def _check_kv_heads(num_heads: int, num_kv_heads: object) -> int:
-    """``num_kv_heads`` (default ``num_heads``), checked to divide ``num_heads``."""
-    if num_kv_heads is None:
-        return num_heads
-    g = check_positive_int("num_kv_heads", num_kv_heads)
-    if num_heads % g:
-        raise ValueError(
-            f"num_kv_heads ({g}) must divide num_heads ({num_heads}): each key/value head "
-            f"serves a group of num_heads / num_kv_heads query heads"
-        )
-    return g
-
-
-def _check_rope(rope_base: object, d_k: int) -> float | None:
-    """``rope_base`` as a float (or ``None``: no RoPE); RoPE pairs dimensions, so d_k must be even."""
-    if rope_base is None:
-        return None
-    base = _check_base(rope_base, "rope_base")
-    if d_k % 2:
-        raise ValueError(
-            f"rope_base needs an even head width d_k (RoPE rotates pairs of dimensions), got d_k = {d_k}"
-        )
-    return base
-
-
-def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    """``a`` and ``b`` are one tensor: the same object, or views of the same memory with
-    the same shape, strides and dtype (``x[:, :3]`` taken twice)."""
-    if a is b:
-        return True
-    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
-        return False
-    return (
-        a.data_ptr() == b.data_ptr()
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.dtype == b.dtype
-        and a.device == b.device
-    )
-
-
-def _group_mask(mask: Tensor, h: int, g: int, n_q: int, n_k: int) -> Tensor:
-    """A mask broadcastable to ``(B, h, n_q, n_k)`` laid out for grouped queries,
-    ``(B or 1, g, (h/g)*n_q, n_k)``: head ``i`` becomes rows ``(i % (h/g))*n_q ..`` of group ``i // (h/g)``."""
-    m = mask
-    while m.dim() < 4:
-        m = m.unsqueeze(0)  # (.., n_q, n_k) -> 4-D
-    b = m.shape[0]
-    return m.expand(b, h, n_q, n_k).reshape(b, g, (h // g) * n_q, n_k)
-
-
-def _require_plain(mha: "MultiHeadAttention", user: str, rope_reason: str | None) -> None:
-    """Raise ``ValueError`` if ``mha`` has grouped keys/values, or RoPE (unless
-    ``rope_reason`` is ``None``): ``user`` is defined for the plain layer only."""
-    if rope_reason is not None and mha.rope_base is not None:
-        raise ValueError(f"{user} is defined without RoPE, but this module has rope_base={mha.rope_base:g}: {rope_reason}")
-    if mha.num_kv_heads != mha.num_heads:
-        raise ValueError(
-            f"{user} is defined for one key/value head per query head, but this module has "
-            f"num_kv_heads={mha.num_kv_heads} < num_heads={mha.num_heads}: pass mha.expand_kv_heads(), "
-            f"the same function with each group's keys and values repeated for its heads"
-        )
-
-
-def _linear(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    """``x @ w + b`` in one fused call; ``w`` is ``(d_in, d_out)``."""
-    return F.linear(x, w.T, b)
-
-
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention with fused per-role weights, paper orientation.
 
@@ -167,7 +67,7 @@ class MultiHeadAttention(nn.Module):
     columns ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and rows ``i*d_v:(i+1)*d_v`` of
     ``w_o``; :meth:`head` and the ``*_heads`` properties return views of them.
 
-    Call: ``out, weights = mha(query, key, value, mask=None, need_weights=True, *, cache=None)``
+    Call: ``out, weights = mha(query, key, value, mask=None, need_weights=True)``
 
     - ``query``: ``(B, n_q, d_model)``; ``key``, ``value``: ``(B, n_k, d_model)``
     - ``mask``: bool, ``True`` = may attend: ``(n_k,)``, ``(n_q, n_k)`` or
@@ -181,25 +81,30 @@ class MultiHeadAttention(nn.Module):
     finite gradients, on both paths (:func:`attnlib.masked_softmax` on the explicit
     one; ``scaled_dot_product_attention`` gives zeros itself from torch 2.5 on).
 
-    Decoder features (chapter 8), all off by default:
-
-    - ``num_kv_heads=g`` (grouped-query attention, Ainslie et al. 2023; ``g = 1`` is
-      multi-query attention, Shazeer 2019): ``g`` must divide ``h``; ``w_k, w_v`` are
-      ``(d_model, g*d_k)``, ``b_k, b_v`` ``(g*d_k,)``, and query head ``i`` reads key/value
-      group ``i // (h/g)`` (the order of ``repeat_interleave`` and of Hugging Face's
-      ``repeat_kv``). ``w_k_heads``/``w_v_heads`` are then ``(g, d_model, d_k)``.
-    - ``rope_base``: rotary position embedding (:func:`attnlib.decoding.apply_rope`,
-      Llama's rotate-half layout, Su et al. 2021) on queries and keys after the
-      projections, before the scores; positions ``0..n-1`` for queries and keys alike,
-      or continuing from the cache. ``d_k`` must be even.
-    - ``cache=KVCache()`` (keyword): self-attention over new tokens ``(B, t, d_model)``
-      (one tensor as query, key and value); their keys (after RoPE) and values are
-      appended to the cache, and the new queries attend causally to all cached
-      positions. No ``mask`` with a cache. A prefill plus one-token steps equals the
-      causal pass over the whole sequence.
+    This is the layer of chapters 2-5: one key and one value head per query head
+    (``num_kv_heads == num_heads``) and no positions (``rope_base is None``).
+    Chapter 8's decoder features, grouped keys and values, RoPE and the KV cache, are
+    a subclass, :class:`attnlib.decoding.DecoderAttention`. For code written before
+    the split, ``MultiHeadAttention(..., num_kv_heads=g, rope_base=b)`` still works: it
+    builds that subclass.
 
     Initialisation: each weight matrix Xavier-uniform, biases zero.
     """
+
+    num_kv_heads: int  # key/value heads: num_heads here, fewer in DecoderAttention
+    rope_base: float | None  # RoPE's theta: None here (no positions)
+    # The decoder subclass, registered by attnlib.decoding (a later chapter) when it is
+    # imported, so that this module imports nothing of chapter 8.
+    _decoder_class: ClassVar[type["MultiHeadAttention"] | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "MultiHeadAttention":
+        num_heads = kwargs.get("num_heads", args[1] if len(args) > 1 else None)
+        wants_decoder = kwargs.get("rope_base") is not None or kwargs.get("num_kv_heads") not in (None, num_heads)
+        if cls is MultiHeadAttention and wants_decoder:
+            if MultiHeadAttention._decoder_class is None:
+                raise TypeError("num_kv_heads and rope_base need attnlib.decoding.DecoderAttention: import attnlib")
+            cls = MultiHeadAttention._decoder_class
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -216,8 +121,7 @@ class MultiHeadAttention(nn.Module):
         self.d_k = check_heads(d_model, num_heads)
         self.d_model = d_model
         self.num_heads = num_heads
-        self.num_kv_heads = _check_kv_heads(num_heads, num_kv_heads)
-        self.rope_base = _check_rope(rope_base, self.d_k)
+        self.num_kv_heads, self.rope_base = self._check_decoder_options(num_kv_heads, rope_base)
         d_kv = self.num_kv_heads * self.d_k  # = d_model unless grouped
         self.w_q = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
         self.w_k = nn.Parameter(torch.empty(d_model, d_kv, device=device, dtype=dtype))  # (d_model, g*d_k)
@@ -235,6 +139,16 @@ class MultiHeadAttention(nn.Module):
             self.register_parameter("b_o", None)
         self.reset_parameters()
 
+    def _check_decoder_options(self, num_kv_heads: object, rope_base: object) -> tuple[int, float | None]:
+        """The plain layer: ``num_kv_heads`` None or ``num_heads``, ``rope_base`` None.
+        (:class:`~attnlib.decoding.DecoderAttention` overrides this.)"""
+        if num_kv_heads not in (None, self.num_heads) or rope_base is not None:
+            raise ValueError(
+                f"{type(self).__name__} is the plain layer (num_kv_heads = num_heads, no RoPE), got "
+                f"num_kv_heads={num_kv_heads!r}, rope_base={rope_base!r}: use attnlib.decoding.DecoderAttention"
+            )
+        return self.num_heads, None
+
     @property
     def d_v(self) -> int:
         return self.d_k
@@ -247,6 +161,11 @@ class MultiHeadAttention(nn.Module):
     def group_size(self) -> int:
         """``h / g``: how many query heads share one key/value head (1 = plain MHA)."""
         return self.num_heads // self.num_kv_heads
+
+    @staticmethod
+    def _project(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        """``x @ w + b`` in one fused call; ``w`` is ``(d_in, d_out)``."""
+        return F.linear(x, w.T, b)
 
     def reset_parameters(self) -> None:
         """Xavier-uniform weights (bound ``sqrt(6 / (2 d_model))``), zero biases."""
@@ -308,99 +227,82 @@ class MultiHeadAttention(nn.Module):
             b_v=None if self.b_v is None else self.b_v[kv],
         )
 
-    # ---- forward ------------------------------------------------------------------
+    # ---- forward: project, split, attend, merge, project --------------------------
     def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Tensor | None = None,
-        need_weights: bool = True,
-        *,
-        cache: KVCache | None = None,
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, need_weights: bool = True
     ) -> tuple[Tensor, Tensor | None]:
-        r""":math:`\mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W^O`, all heads at once.
-
-        Project: one product per role, split into heads ``(B, h, n, d_k)`` (keys and
-        values into ``g`` groups). With RoPE, rotate queries and keys; with a cache,
-        append the new keys and values and attend causally over all of them. Attend:
-        :math:`\mathrm{softmax}(q k^\top / \sqrt{d_k})\, v` per head, written out when the
-        weights are asked for, else PyTorch's ``scaled_dot_product_attention``.
-        Shapes: see the class docstring.
+        r""":math:`\mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W^O`, all heads at once,
+        :math:`\mathrm{head}_i = \mathrm{softmax}(q_i k_i^\top / \sqrt{d_k})\, v_i`. Shapes: see the class.
         """
-        if cache is not None:
-            _check_cache_call(cache, KVCache, mask)
-            if not (_same_tensor(query, key) and _same_tensor(key, value)):
-                raise ValueError(
-                    "a call with a cache is self-attention over the new tokens: pass one tensor "
-                    "(the same memory) as query, key and value, mha(x_new, x_new, x_new, cache=cache)"
-                )
-        _check_inputs(query, key, value, mask, self.d_model, self.num_heads)
-        B, n_q, _ = query.shape
-        n_k = key.shape[1]
-        h, g = self.num_heads, self.num_kv_heads
-        past = 0
-        if cache is not None:
-            cache._check(self, B, None, query.device)  # dtype: in update, after autocast
-            past = len(cache)
+        check_attention_inputs(query, key, value, mask, self.d_model, self.num_heads)
         # project: one product per role, then a view hands each head its d_k columns
-        q = self._split_heads(_linear(query, self.w_q, self.b_q))  # (B, h, n_q, d_k)
-        k = self._split_heads(_linear(key, self.w_k, self.b_k), g)  # (B, g, n_k, d_k)
-        v = self._split_heads(_linear(value, self.w_v, self.b_v), g)  # (B, g, n_k, d_v)
-        if self.rope_base is not None:  # rotate by position: 0.., or continuing after the cache
-            q = apply_rope(q, torch.arange(past, past + n_q, device=q.device), self.rope_base)  # (B, h, n_q, d_k)
-            k = apply_rope(k, torch.arange(past, past + n_k, device=k.device), self.rope_base)  # (B, g, n_k, d_k)
-        if cache is not None:
-            k, v = cache.update(self, k, v)  # (B, g, past + n_q, d_k), (B, g, past + n_q, d_v)
-            n_k = past + n_q
-            mask = causal_mask(n_q, n_k, device=query.device)  # (n_q, n_k)
-        if g < h:  # grouped: the h/g query heads of a group read the same keys, stacked as rows
-            q = q.reshape(B, g, (h // g) * n_q, self.d_k)  # (B, g, (h/g)*n_q, d_k)
-            if mask is not None:
-                mask = _group_mask(mask, h, g, n_q, n_k)  # (B or 1, g, (h/g)*n_q, n_k)
+        q = self._split_heads(self._project(query, self.w_q, self.b_q))  # (B, h, n_q, d_k)
+        k = self._split_heads(self._project(key, self.w_k, self.b_k))  # (B, h, n_k, d_k)
+        v = self._split_heads(self._project(value, self.w_v, self.b_v))  # (B, h, n_k, d_v)
         # attend: every head at once
-        weights: Tensor | None = None
-        if need_weights:
-            scores = (q * self.d_k**-0.5) @ k.transpose(-2, -1)  # (B, h, n_q, n_k)
-            if mask is None and not scores.requires_grad:
-                # in place: no autograd graph keeps the scores; one fewer B*h*n_q*n_k buffer
-                # saved about a sixth of this pass's time at the book's reference layer (CPU)
-                weights = torch.softmax(scores, dim=-1, out=scores)  # (B, h, n_q, n_k)
-            else:
-                weights = masked_softmax(scores, mask)  # (B, h, n_q, n_k); all 0 for a query with no key
-            heads = weights @ v  # (B, h, n_q, d_v)
-        else:
+        heads, weights = self._attend(q, k, v, mask, need_weights)  # (B, h, n_q, d_v), (B, h, n_q, n_k)
+        # concatenate the heads and project back
+        return self._merge(heads), weights  # (B, n_q, d_model)
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Scaled dot-product attention of every head: ``q`` ``(B, H, m, d_k)``, ``k``, ``v``
+        ``(B, H, n_k, d_k)``, ``mask`` broadcastable to ``(B, H, m, n_k)`` -> ``(B, H, m, d_v)``
+        and the weights ``(B, H, m, n_k)`` (``None`` with ``need_weights=False``: SDPA)."""
+        if not need_weights:
             if mask is not None and mask.dim() == 1:
                 mask = mask.unsqueeze(0)  # (n_k,) -> (1, n_k): SDPA rejects a 1-D mask
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, h, n_q, d_v)
-        if g < h:  # back from groups to heads
-            heads = heads.reshape(B, h, n_q, self.d_v)  # (B, h, n_q, d_v)
-            weights = None if weights is None else weights.view(B, h, n_q, n_k)  # (B, h, n_q, n_k)
-        # concatenate the heads and project back
-        concat = heads.transpose(1, 2).reshape(B, n_q, self.num_heads * self.d_v)  # (B, n_q, h*d_v)
-        return _linear(concat, self.w_o, self.b_o), weights  # (B, n_q, d_model)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None  # (B, H, m, d_v)
+        scores = (q * self.d_k**-0.5) @ k.transpose(-2, -1)  # (B, H, m, n_k)
+        if mask is None and not scores.requires_grad:
+            # in place: no autograd graph keeps the scores; one fewer B*h*n_q*n_k buffer
+            # saved about a sixth of this pass's time at the book's reference layer (CPU)
+            weights = torch.softmax(scores, dim=-1, out=scores)  # (B, H, m, n_k)
+        else:
+            weights = masked_softmax(scores, mask)  # (B, H, m, n_k); all 0 for a query with no key
+        return weights @ v, weights  # (B, H, m, d_v), (B, H, m, n_k)
+
+    def _merge(self, heads: Tensor) -> Tensor:
+        """Concatenate the heads and apply :math:`W^O`: ``(B, h, n_q, d_v)`` -> ``(B, n_q, d_model)``."""
+        B, h, n_q, d_v = heads.shape
+        concat = heads.transpose(1, 2).reshape(B, n_q, h * d_v)  # (B, n_q, h*d_v)
+        return self._project(concat, self.w_o, self.b_o)  # (B, n_q, d_model)
 
     # ---- conversions --------------------------------------------------------------
-    def attention_weights(self) -> AttentionWeights:
-        """The four projections (detached copies), paper orientation.
+    def projections(self) -> AttentionWeights:
+        """The four projections and biases (detached copies), paper orientation.
 
         Raises:
             ValueError: for grouped keys and values (``num_kv_heads != num_heads``), whose
                 ``w_k``, ``w_v`` are narrower than ``AttentionWeights`` holds; use
-                :meth:`grouped_weights`. (RoPE is not a weight: the record leaves it out.)
+                :meth:`~attnlib.decoding.DecoderAttention.grouped_weights`. (RoPE is not a
+                weight: the record leaves it out.)
         """
         if self.num_kv_heads != self.num_heads:
             raise ValueError(
-                f"attention_weights() holds (d_model, d_model) matrices, but this module has "
+                f"projections() holds (d_model, d_model) matrices, but this module has "
                 f"num_kv_heads={self.num_kv_heads} < num_heads={self.num_heads}; use grouped_weights()"
             )
 
-        g = self.grouped_weights()  # detached copies
+        def c(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().clone()
+
         return AttentionWeights(
-            w_q=g.w_q, w_k=g.w_k, w_v=g.w_v, w_o=g.w_o, b_q=g.b_q, b_k=g.b_k, b_v=g.b_v, b_o=g.b_o
+            w_q=c(self.w_q), w_k=c(self.w_k), w_v=c(self.w_v), w_o=c(self.w_o),  # type: ignore[arg-type]
+            b_q=c(self.b_q), b_k=c(self.b_k), b_v=c(self.b_v), b_o=c(self.b_o),
         )
 
-    def _copy_from(self, weights: AttentionWeights | GroupedAttentionWeights) -> None:
+    def attention_weights(self) -> AttentionWeights:
+        """Deprecated name of :meth:`projections` (which this calls): "weights" means the
+        softmax map everywhere else in the book. Kept for one release."""
+        warnings.warn(
+            "MultiHeadAttention.attention_weights() is now projections(); the old name goes in the next release",
+            DeprecationWarning, stacklevel=2,
+        )
+        return self.projections()
+
+    def _copy_from(self, weights: Any) -> None:
         """Copy the four projections and biases of a record of the same shapes into this module."""
         with torch.no_grad():
             for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
@@ -409,18 +311,20 @@ class MultiHeadAttention(nn.Module):
                     getattr(self, name).copy_(src)
 
     @classmethod
-    def from_weights(cls, weights: AttentionWeights | GroupedAttentionWeights, num_heads: int) -> "MultiHeadAttention":
+    def from_weights(cls, weights: Any, num_heads: int) -> "MultiHeadAttention":
         """A module holding copies of ``weights`` (paper orientation).
 
-        A :class:`~attnlib.decoding.GroupedAttentionWeights` (what :meth:`grouped_weights`
-        returns) keeps its ``num_kv_heads`` and ``rope_base``: this is then
-        :meth:`from_grouped_weights`, and ``num_heads`` must equal ``weights.num_heads``.
+        A record with grouped keys/values or RoPE (chapter 8's
+        :class:`~attnlib.decoding.GroupedAttentionWeights`, what ``grouped_weights()``
+        returns) keeps its ``num_kv_heads`` and ``rope_base``: the module is then a
+        :class:`~attnlib.decoding.DecoderAttention`, and ``num_heads`` must equal
+        ``weights.num_heads``.
 
         Raises:
             TypeError: ``weights`` is neither record.
-            ValueError: ``num_heads`` differs from a ``GroupedAttentionWeights``' own.
+            ValueError: ``num_heads`` differs from a grouped record's own.
         """
-        if isinstance(weights, GroupedAttentionWeights):
+        if hasattr(weights, "num_kv_heads"):  # a GroupedAttentionWeights (chapter 8)
             if num_heads != weights.num_heads:
                 raise ValueError(
                     f"num_heads={num_heads!r} does not match the GroupedAttentionWeights' "
@@ -435,72 +339,14 @@ class MultiHeadAttention(nn.Module):
         mha._copy_from(weights)
         return mha
 
-    def grouped_weights(self) -> GroupedAttentionWeights:
-        """The projections (detached copies) with ``num_heads``, ``num_kv_heads`` and
-        ``rope_base``: everything :meth:`from_grouped_weights` needs to rebuild the module."""
-
-        def c(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.detach().clone()
-
-        return GroupedAttentionWeights(
-            w_q=self.w_q.detach().clone(),
-            w_k=self.w_k.detach().clone(),
-            w_v=self.w_v.detach().clone(),
-            w_o=self.w_o.detach().clone(),
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            b_q=c(self.b_q),
-            b_k=c(self.b_k),
-            b_v=c(self.b_v),
-            b_o=c(self.b_o),
-            rope_base=self.rope_base,
-        )
-
     @classmethod
-    def from_grouped_weights(cls, weights: GroupedAttentionWeights) -> "MultiHeadAttention":
-        """A module holding copies of ``weights``, with its heads, groups and RoPE base."""
-        if not isinstance(weights, GroupedAttentionWeights):
-            raise TypeError(f"weights must be a GroupedAttentionWeights, got {type(weights).__name__}")
-        w_q = weights.w_q
-        mha = cls(
-            weights.d_model,
-            weights.num_heads,
-            bias=weights.bias,
-            num_kv_heads=weights.num_kv_heads,
-            rope_base=weights.rope_base,
-            device=w_q.device,
-            dtype=w_q.dtype,
-        )
-        mha._copy_from(weights)
-        return mha
-
-    def expand_kv_heads(self) -> "MultiHeadAttention":
-        """Plain multi-head attention (``num_kv_heads = num_heads``) computing the same
-        function: each group's key and value column blocks (and biases) are repeated for
-        the ``h / g`` heads that read them, in ``repeat_interleave`` order. RoPE is kept."""
-        w = self.grouped_weights()
-        r, d_k = self.group_size, self.d_k
-
-        def rep(t: Tensor | None, dim: int) -> Tensor | None:
-            if t is None:
-                return None
-            blocks = t.unflatten(dim, (self.num_kv_heads, d_k))  # (.., g, d_k, ..)
-            return blocks.repeat_interleave(r, dim=dim).flatten(dim, dim + 1)  # (.., h*d_k, ..)
-
-        expanded = GroupedAttentionWeights(
-            w_q=w.w_q,
-            w_k=rep(w.w_k, 1),  # type: ignore[arg-type]
-            w_v=rep(w.w_v, 1),  # type: ignore[arg-type]
-            w_o=w.w_o,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_heads,
-            b_q=w.b_q,
-            b_k=rep(w.b_k, 0),
-            b_v=rep(w.b_v, 0),
-            b_o=w.b_o,
-            rope_base=self.rope_base,
-        )
-        return type(self).from_grouped_weights(expanded)
+    def from_grouped_weights(cls, weights: Any) -> "MultiHeadAttention":
+        """Chapter 8's :meth:`attnlib.decoding.DecoderAttention.from_grouped_weights`
+        (a module with the record's heads, groups and RoPE), reachable from here."""
+        decoder = MultiHeadAttention._decoder_class
+        if decoder is None:  # pragma: no cover - attnlib/__init__ imports attnlib.decoding
+            raise TypeError("grouped weights need attnlib.decoding: import attnlib")
+        return decoder.from_grouped_weights(weights)
 
     @classmethod
     def from_torch(
@@ -527,22 +373,17 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             ValueError: when ``num_kv_heads != num_heads`` or RoPE is on: torch's module
-                has neither (:meth:`expand_kv_heads` removes the grouping).
+                has neither (``expand_kv_heads()`` removes the grouping).
         """
         if self.num_kv_heads != self.num_heads or self.rope_base is not None:
             raise ValueError(
                 f"torch.nn.MultiheadAttention has no grouped keys/values and no RoPE; this module has "
                 f"num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}, rope_base={self.rope_base}"
             )
-        return write_torch_mha(self.attention_weights(), self.num_heads, batch_first=True)
+        return write_torch_mha(self.projections(), self.num_heads, batch_first=True)
 
     def extra_repr(self) -> str:
-        extra = ""
-        if self.num_kv_heads != self.num_heads:
-            extra += f", num_kv_heads={self.num_kv_heads}"
-        if self.rope_base is not None:
-            extra += f", rope_base={self.rope_base:g}"
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, bias={self.bias}{extra}"
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, bias={self.bias}"
 
 
 class SeparateHeadsAttention(nn.Module):
@@ -607,7 +448,7 @@ class SeparateHeadsAttention(nn.Module):
         """
         if not isinstance(mha, MultiHeadAttention):
             raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
-        _require_plain(
+        check_plain(
             mha, "SeparateHeadsAttention (the plain layer of chapters 3-5)",
             "it has no rotation to copy; build the MultiHeadAttention without rope_base to compare the two",
         )
@@ -642,7 +483,7 @@ class SeparateHeadsAttention(nn.Module):
         mask: Tensor | None = None,
         need_weights: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
-        _check_inputs(query, key, value, mask, self.d_model, self.num_heads)
+        check_attention_inputs(query, key, value, mask, self.d_model, self.num_heads)
         outputs, maps = [], []
         for i in range(self.num_heads):
             q_i = query @ self.w_q[i]  # (B, n_q, d_k)

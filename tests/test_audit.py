@@ -174,7 +174,7 @@ def learner(ref: MultiHeadAttention, *bugs: str) -> Scratch:
     cls = type("Planted", bases, {}) if len(bases) > 1 else bases[0]
     d_model = ref.w_q.shape[0]
     module = cls(d_model, ref.num_heads).to(ref.w_q.dtype)
-    layers = write_separate_linear(ref.attention_weights())  # nn.Linear layout: weight = W.T
+    layers = write_separate_linear(ref.projections())  # nn.Linear layout: weight = W.T
     with torch.no_grad():
         for role in "qkvo":
             lin = getattr(module, f"W_{role}")

@@ -71,7 +71,7 @@ def _toc_pages() -> list[str]:
 
 
 # What the HTML is built from: a build older than any of these is stale.
-BOOK_SOURCES = ("_config.yml", "_toc.yml", "*.md", "references.bib", "chapters/*.ipynb",
+BOOK_SOURCES = ("_config.yml", "_toc.yml", "*.md", "references.bib", "chapters/*.ipynb", "attnlib/*/*.py",
                 "attnlib/*.py", "_static/*", "_ext/*.py", "images/*")
 
 

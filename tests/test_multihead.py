@@ -303,7 +303,7 @@ def test_gradients_separate_fused_torch(case: Case) -> None:
 def _to_torch_seq_first(mha: MultiHeadAttention) -> nn.MultiheadAttention:
     from attnlib.interop import write_torch_mha
 
-    return write_torch_mha(mha.attention_weights(), mha.num_heads, batch_first=False)
+    return write_torch_mha(mha.projections(), mha.num_heads, batch_first=False)
 
 
 @SETTINGS
@@ -347,7 +347,7 @@ def test_from_torch_round_trip(h: int, d_k: int, bias: bool, batch_first: bool, 
 def test_separate_fused_and_weights_round_trips(case: Case) -> None:
     mha = case.mha
     back = SeparateHeadsAttention.from_fused(mha).to_fused()
-    again = MultiHeadAttention.from_weights(mha.attention_weights(), mha.num_heads)
+    again = MultiHeadAttention.from_weights(mha.projections(), mha.num_heads)
     for n, p in mha.named_parameters():
         torch.testing.assert_close(getattr(back, n), p, atol=0, rtol=0)
         torch.testing.assert_close(getattr(again, n), p, atol=0, rtol=0)
@@ -357,7 +357,7 @@ def test_separate_fused_and_weights_round_trips(case: Case) -> None:
 def test_converted_modules_hold_copies() -> None:
     mha = MultiHeadAttention(6, 2, dtype=DTYPE)
     sep = SeparateHeadsAttention.from_fused(mha)
-    copy = MultiHeadAttention.from_weights(mha.attention_weights(), 2)
+    copy = MultiHeadAttention.from_weights(mha.projections(), 2)
     before = mha.w_q.detach().clone()
     with torch.no_grad():
         sep.w_q[0].add_(1.0)
@@ -578,3 +578,11 @@ def test_from_torch_unsupported_features(kwargs: dict[str, object], message: str
 def test_from_torch_wrong_type() -> None:
     with pytest.raises(TypeError, match="expected torch.nn.MultiheadAttention, got Linear"):
         MultiHeadAttention.from_torch(nn.Linear(4, 4))  # type: ignore[arg-type]
+
+
+def test_attention_weights_is_a_deprecated_alias_of_projections() -> None:
+    mha = MultiHeadAttention(8, 2)
+    with pytest.warns(DeprecationWarning, match=r"attention_weights\(\) is now projections\(\)"):
+        old = mha.attention_weights()
+    new = mha.projections()
+    assert all(torch.equal(getattr(old, n), getattr(new, n)) for n in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_o"))

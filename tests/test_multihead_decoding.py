@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import KVCache, LatentCache, MultiHeadAttention, SeparateHeadsAttention, attention
+from attnlib.decoding import DecoderAttention
 from attnlib.decoding import apply_rope, causal_mask
 
 DTYPE = torch.float64
@@ -46,7 +47,7 @@ def cases(draw: st.DrawFn, cross_ok: bool = True) -> Case:
     seed = draw(st.integers(0, 2**31 - 1))
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    mha = MultiHeadAttention(d_model, h, bias, num_kv_heads=g, rope_base=100.0 if rope else None, dtype=DTYPE)
+    mha = DecoderAttention(d_model, h, bias, num_kv_heads=g, rope_base=100.0 if rope else None, dtype=DTYPE)
     if bias:
         with torch.no_grad():
             for b in (mha.b_q, mha.b_k, mha.b_v, mha.b_o):
@@ -89,7 +90,7 @@ def _reference(mha: MultiHeadAttention, query: Tensor, key: Tensor, mask: Tensor
 def _repeat_kv_weights(mha: MultiHeadAttention) -> MultiHeadAttention:
     """Plain MHA with each K/V column block repeated for its group (repeat_interleave)."""
     h, g, d_k = mha.num_heads, mha.num_kv_heads, mha.d_k
-    plain = MultiHeadAttention(mha.d_model, h, mha.bias, rope_base=mha.rope_base, dtype=DTYPE)
+    plain = DecoderAttention(mha.d_model, h, mha.bias, rope_base=mha.rope_base, dtype=DTYPE)
     idx = torch.arange(g).repeat_interleave(h // g)  # group of each query head
     cols = (idx[:, None] * d_k + torch.arange(d_k)).flatten()  # (h*d_k,)
     with torch.no_grad():
@@ -138,7 +139,7 @@ def test_gqa_equals_mha_with_kv_weights_repeated_per_group(case: Case) -> None:
 
 def test_mqa_one_key_value_head_serves_all() -> None:
     torch.manual_seed(0)
-    mqa = MultiHeadAttention(12, 4, num_kv_heads=1, dtype=DTYPE)
+    mqa = DecoderAttention(12, 4, num_kv_heads=1, dtype=DTYPE)
     assert mqa.w_k.shape == (12, 3) and mqa.w_v.shape == (12, 3) and mqa.b_k.shape == (3,)
     assert mqa.group_size == 4 and mqa.w_k_heads.shape == (1, 12, 3)
     x = torch.randn(2, 5, 12, dtype=DTYPE)
@@ -149,7 +150,7 @@ def test_mqa_one_key_value_head_serves_all() -> None:
 
 
 def test_head_views_follow_the_groups() -> None:
-    mha = MultiHeadAttention(12, 6, num_kv_heads=2)  # d_k = 2, groups of 3 heads
+    mha = DecoderAttention(12, 6, num_kv_heads=2)  # d_k = 2, groups of 3 heads
     assert mha.w_k.shape == (12, 4) and mha.w_q_heads.shape == (6, 12, 2)
     assert mha.w_k_heads.shape == (2, 12, 2) and mha.w_v_heads.shape == (2, 12, 2)
     for i in range(6):
@@ -160,12 +161,12 @@ def test_head_views_follow_the_groups() -> None:
         torch.testing.assert_close(hw.b_k, mha.b_k[2 * j : 2 * j + 2], atol=0, rtol=0)
         torch.testing.assert_close(hw.w_q, mha.w_q[:, 2 * i : 2 * i + 2], atol=0, rtol=0)
     assert "num_kv_heads=2" in repr(mha)
-    assert "rope_base=500" in repr(MultiHeadAttention(4, 2, rope_base=500))
+    assert "rope_base=500" in repr(DecoderAttention(4, 2, rope_base=500))
 
 
 def test_shared_block_gradient_is_the_sum_of_its_heads_gradients() -> None:
     torch.manual_seed(0)
-    gqa = MultiHeadAttention(8, 4, num_kv_heads=2, rope_base=10000.0, dtype=DTYPE)
+    gqa = DecoderAttention(8, 4, num_kv_heads=2, rope_base=10000.0, dtype=DTYPE)
     plain = gqa.expand_kv_heads()
     x = torch.randn(2, 5, 8, dtype=DTYPE)
     seed = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
@@ -184,7 +185,7 @@ def test_rope_scores_depend_on_offsets_not_positions() -> None:
     """With RoPE, a token's score with another depends on their distance: the scores of a
     sequence read after a cache of 3 unrelated tokens equal those of a fresh pass."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2, rope_base=50.0, dtype=DTYPE)
+    mha = DecoderAttention(8, 2, rope_base=50.0, dtype=DTYPE)
     x = torch.randn(1, 4, 8, dtype=DTYPE)
     _, w_fresh = mha(x, x, x, mask=causal_mask(4))
     cache = KVCache()
@@ -197,7 +198,7 @@ def test_rope_scores_depend_on_offsets_not_positions() -> None:
     # and columns. With RoPE it does not.
     full = torch.ones(4, 4, dtype=torch.bool)
     xf = x.flip(1)
-    for m, order_blind in ((MultiHeadAttention(8, 2, dtype=DTYPE), True), (mha, False)):
+    for m, order_blind in ((DecoderAttention(8, 2, dtype=DTYPE), True), (mha, False)):
         _, w = m(x, x, x, mask=full)
         _, w_f = m(xf, xf, xf, mask=full)
         assert w is not None and w_f is not None
@@ -234,7 +235,7 @@ def test_cached_decoding_equals_the_full_causal_pass(case: Case, prefill: int, n
 
 def test_cache_holds_only_keys_and_values() -> None:
     """nbytes counts what the cache keeps alive: its tensors are not views of a bigger one."""
-    mha = MultiHeadAttention(16, 4, num_kv_heads=2)
+    mha = DecoderAttention(16, 4, num_kv_heads=2)
     x = torch.randn(3, 7, 16)
     cache = KVCache()
     mha(x, x, x, cache=cache)
@@ -247,7 +248,7 @@ def test_cache_holds_only_keys_and_values() -> None:
 
 
 def test_cache_keys_are_stored_after_rope() -> None:
-    mha = MultiHeadAttention(8, 2, num_kv_heads=1, rope_base=10.0, bias=False, dtype=DTYPE)
+    mha = DecoderAttention(8, 2, num_kv_heads=1, rope_base=10.0, bias=False, dtype=DTYPE)
     x = torch.randn(1, 3, 8, dtype=DTYPE)
     cache = KVCache()
     mha(x, x, x, cache=cache)
@@ -263,7 +264,7 @@ def _filled(mha: MultiHeadAttention, B: int = 2, dtype: torch.dtype = torch.floa
 
 
 def test_cache_misuse_errors() -> None:
-    mha = MultiHeadAttention(8, 2, num_kv_heads=1)
+    mha = DecoderAttention(8, 2, num_kv_heads=1)
     x = torch.randn(2, 1, 8)
     y = torch.randn(2, 1, 8)
     with pytest.raises(TypeError, match="cache must be an attnlib.KVCache"):
@@ -278,10 +279,10 @@ def test_cache_misuse_errors() -> None:
     with pytest.raises(ValueError, match="batch size 3 does not match the KVCache's batch size 2"):
         z = torch.randn(3, 1, 8)
         mha(z, z, z, cache=cache)
-    other = MultiHeadAttention(8, 2, num_kv_heads=1)
+    other = DecoderAttention(8, 2, num_kv_heads=1)
     with pytest.raises(ValueError, match="another module"):
         other(x, x, x, cache=cache)
-    mha64 = MultiHeadAttention(8, 2, num_kv_heads=1, dtype=DTYPE)
+    mha64 = DecoderAttention(8, 2, num_kv_heads=1, dtype=DTYPE)
     cache64 = _filled(mha64, dtype=DTYPE)
     mha64.float()
     with pytest.raises(ValueError, match="dtype torch.float32 does not match the KVCache's dtype torch.float64"):
@@ -297,7 +298,7 @@ def test_cached_decoding_under_autocast(need_weights: bool) -> None:
     """Under autocast the keys are bfloat16 while the inputs stay float32: the cache holds
     what the projections produced, and every later call under the same autocast reads it."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4, num_kv_heads=2, rope_base=100.0)
+    mha = DecoderAttention(16, 4, num_kv_heads=2, rope_base=100.0)
     x = torch.randn(2, 6, 16)
     with torch.no_grad():
         ref, _ = mha(x, x, x, mask=causal_mask(6))  # float32, one causal pass
@@ -335,11 +336,11 @@ def test_kv_cache_update_refuses_keys_and_values_that_do_not_pair_up() -> None:
 def test_cache_of_a_garbage_collected_module() -> None:
     import gc
 
-    mha = MultiHeadAttention(8, 2)
+    mha = DecoderAttention(8, 2)
     cache = _filled(mha)
     del mha
     gc.collect()
-    other = MultiHeadAttention(8, 2)
+    other = DecoderAttention(8, 2)
     x = torch.randn(2, 1, 8)
     with pytest.raises(ValueError, match=r"filled by a module that no longer exists \(it was garbage-collected\); call cache.clear\(\)"):
         other(x, x, x, cache=cache)
@@ -364,19 +365,19 @@ def test_cache_of_a_garbage_collected_module() -> None:
 )
 def test_constructor_errors(kw: dict[str, object], exc: type[Exception], match: str) -> None:
     with pytest.raises(exc, match=match):
-        MultiHeadAttention(8, 4, **kw)  # type: ignore[arg-type]
+        DecoderAttention(8, 4, **kw)  # type: ignore[arg-type]
 
 
 def test_rope_needs_an_even_head_width() -> None:
     with pytest.raises(ValueError, match="rope_base needs an even head width d_k .* got d_k = 3"):
-        MultiHeadAttention(6, 2, rope_base=10000.0)
+        DecoderAttention(6, 2, rope_base=10000.0)
 
 
 def test_torch_conversions_refuse_groups_and_rope() -> None:
     with pytest.raises(ValueError, match="num_kv_heads=2, num_heads=4"):
-        MultiHeadAttention(8, 4, num_kv_heads=2).to_torch()
+        DecoderAttention(8, 4, num_kv_heads=2).to_torch()
     with pytest.raises(ValueError, match="rope_base=10000"):
-        MultiHeadAttention(8, 4, rope_base=10000.0).to_torch()
+        DecoderAttention(8, 4, rope_base=10000.0).to_torch()
     m = nn.MultiheadAttention(8, 4, batch_first=True)
     with pytest.raises(ValueError, match="no grouped keys/values and no RoPE"):
         MultiHeadAttention.from_torch(m, num_kv_heads=2)
@@ -384,16 +385,16 @@ def test_torch_conversions_refuse_groups_and_rope() -> None:
         MultiHeadAttention.from_torch(m, rope_base=10000.0)
     assert MultiHeadAttention.from_torch(m, num_kv_heads=4).num_kv_heads == 4
     with pytest.raises(ValueError, match="use grouped_weights"):
-        MultiHeadAttention(8, 4, num_kv_heads=2).attention_weights()
+        DecoderAttention(8, 4, num_kv_heads=2).projections()
     with pytest.raises(TypeError, match="GroupedAttentionWeights"):
-        MultiHeadAttention.from_grouped_weights(MultiHeadAttention(8, 4).attention_weights())  # type: ignore[arg-type]
+        MultiHeadAttention.from_grouped_weights(DecoderAttention(8, 4).projections())  # type: ignore[arg-type]
 
 
 def test_separate_heads_refuse_rope_and_groups() -> None:
     """SeparateHeadsAttention has neither: copying the weights alone would compute another function."""
     with pytest.raises(ValueError, match=r"SeparateHeadsAttention \(the plain layer of chapters 3-5\) is defined without RoPE, but this module has rope_base=10000"):
-        SeparateHeadsAttention.from_fused(MultiHeadAttention(8, 2, rope_base=10000.0))
-    grouped = MultiHeadAttention(8, 4, num_kv_heads=2, dtype=DTYPE)
+        SeparateHeadsAttention.from_fused(DecoderAttention(8, 2, rope_base=10000.0))
+    grouped = DecoderAttention(8, 4, num_kv_heads=2, dtype=DTYPE)
     with pytest.raises(ValueError, match=r"num_kv_heads=2 < num_heads=4: pass mha.expand_kv_heads\(\)"):
         SeparateHeadsAttention.from_fused(grouped)
     with pytest.raises(TypeError, match="mha must be an attnlib.MultiHeadAttention, got Linear"):
@@ -405,12 +406,12 @@ def test_separate_heads_refuse_rope_and_groups() -> None:
 
 def test_from_weights_keeps_groups_and_rope_of_grouped_weights() -> None:
     """from_weights(mha.grouped_weights(), h) rebuilds the same function, RoPE and groups included."""
-    mha = MultiHeadAttention(12, 6, num_kv_heads=3, rope_base=1000.0, dtype=DTYPE)
+    mha = DecoderAttention(12, 6, num_kv_heads=3, rope_base=1000.0, dtype=DTYPE)
     again = MultiHeadAttention.from_weights(mha.grouped_weights(), 6)
     assert (again.num_heads, again.num_kv_heads, again.rope_base) == (6, 3, 1000.0)
     x = torch.randn(2, 5, 12, dtype=DTYPE)
     torch.testing.assert_close(again(x, x, x)[0], mha(x, x, x)[0], **TOL)
-    rope_only = MultiHeadAttention(8, 2, rope_base=10.0, dtype=DTYPE)
+    rope_only = DecoderAttention(8, 2, rope_base=10.0, dtype=DTYPE)
     assert MultiHeadAttention.from_weights(rope_only.grouped_weights(), 2).rope_base == 10.0
     with pytest.raises(ValueError, match=r"num_heads=3 does not match the GroupedAttentionWeights' num_heads=6"):
         MultiHeadAttention.from_weights(mha.grouped_weights(), 3)
@@ -419,8 +420,40 @@ def test_from_weights_keeps_groups_and_rope_of_grouped_weights() -> None:
 
 
 def test_grouped_weights_round_trip() -> None:
-    mha = MultiHeadAttention(12, 6, num_kv_heads=3, rope_base=1000.0)
+    mha = DecoderAttention(12, 6, num_kv_heads=3, rope_base=1000.0)
     again = MultiHeadAttention.from_grouped_weights(mha.grouped_weights())
     assert (again.num_heads, again.num_kv_heads, again.rope_base) == (6, 3, 1000.0)
     for name, p in mha.named_parameters():
         torch.testing.assert_close(getattr(again, name), p, atol=0, rtol=0)
+
+
+def test_the_plain_class_with_decoder_options_builds_the_decoder_subclass() -> None:
+    """Code written before the split: MultiHeadAttention(..., num_kv_heads, rope_base)."""
+    gqa = MultiHeadAttention(8, 4, num_kv_heads=2, rope_base=100.0)
+    assert type(gqa) is DecoderAttention and isinstance(gqa, MultiHeadAttention)
+    assert (gqa.num_kv_heads, gqa.rope_base) == (2, 100.0)
+    plain = MultiHeadAttention(8, 4, num_kv_heads=4)  # one key/value head per query head
+    assert type(plain) is MultiHeadAttention and plain.rope_base is None
+    with pytest.raises(TypeError, match="unexpected keyword argument 'cache'"):
+        plain(torch.randn(1, 2, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8), cache=KVCache())  # type: ignore[call-arg]
+
+
+def test_a_subclass_of_the_plain_class_refuses_decoder_options() -> None:
+    class Mine(MultiHeadAttention):
+        pass
+
+    with pytest.raises(ValueError, match="plain layer .* use attnlib.decoding.DecoderAttention"):
+        Mine(8, 4, num_kv_heads=2)
+
+
+def test_decoder_attention_without_options_equals_the_plain_layer() -> None:
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(8, 2, dtype=DTYPE)
+    dec = DecoderAttention.from_weights(plain.projections(), 2)
+    x = torch.randn(2, 5, 8, dtype=DTYPE)
+    mask = torch.rand(2, 1, 5, 5) > 0.3
+    for need_weights in (True, False):
+        out, w = dec(x, x, x, mask=mask, need_weights=need_weights)
+        out_p, w_p = plain(x, x, x, mask=mask, need_weights=need_weights)
+        torch.testing.assert_close(out, out_p, atol=0, rtol=0)
+        assert (w is None) == (w_p is None) and (w is None or torch.equal(w, w_p))

@@ -1,0 +1,313 @@
+r"""The decoder layer of chapter 8: :class:`DecoderAttention`, chapter 3's layer plus
+grouped keys and values, RoPE and the KV cache.
+
+It is a subclass of :class:`attnlib.MultiHeadAttention` that changes two steps of its
+``forward``: the projection (keys and values in ``g`` groups, queries and keys rotated
+by position) and the attention (the cache appended to, the ``h/g`` query heads of a
+group stacked so that they read the same keys). Everything else, the weights' layout,
+the per-head views, the merge and ``W^O``, is the parent's.
+
+- ``num_kv_heads=g`` (grouped-query attention, Ainslie et al. 2023; ``g = 1`` is
+  multi-query attention, Shazeer 2019): ``g`` must divide ``h``; ``w_k, w_v`` are
+  ``(d_model, g*d_k)``, ``b_k, b_v`` ``(g*d_k,)``, and query head ``i`` reads key/value
+  group ``i // (h/g)`` (the order of ``repeat_interleave`` and of Hugging Face's
+  ``repeat_kv``). ``w_k_heads``/``w_v_heads`` are then ``(g, d_model, d_k)``.
+- ``rope_base``: rotary position embedding (:func:`attnlib.decoding.apply_rope`,
+  Llama's rotate-half layout, Su et al. 2021) on queries and keys after the
+  projections, before the scores; positions ``0..n-1`` for queries and keys alike,
+  or continuing from the cache. ``d_k`` must be even.
+- ``cache=KVCache()`` (keyword of the call): self-attention over new tokens
+  ``(B, t, d_model)`` (one tensor as query, key and value); their keys (after RoPE)
+  and values are appended to the cache, and the new queries attend causally to all
+  cached positions. No ``mask`` with a cache. A prefill plus one-token steps equals
+  the causal pass over the whole sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnlib._core import check_attention_inputs, check_positive_int, check_tensor, format_shape
+from attnlib.attention import causal_mask
+from attnlib.decoding.cache import KVCache, check_cache_call
+from attnlib.decoding.rope import apply_rope, check_rope_base
+from attnlib.multihead import MultiHeadAttention
+
+__all__ = ["GroupedAttentionWeights", "DecoderAttention"]
+
+
+# ---- grouped weights ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupedAttentionWeights:
+    """Multi-head attention with grouped keys and values (GQA/MQA) and optional RoPE,
+    paper orientation (each weight used as ``x @ w``).
+
+    ``w_q``: ``(d_model, h*d_k)``, ``w_k``, ``w_v``: ``(d_model, g*d_k)``,
+    ``w_o``: ``(h*d_k, d_model)`` with ``h*d_k = d_model``, ``h = num_heads``,
+    ``g = num_kv_heads`` dividing ``h``; biases ``(h*d_k,)`` / ``(g*d_k,)`` / ``(d_model,)``,
+    all four or none. Query head ``i`` reads key/value group ``i // (h/g)``.
+    ``rope_base``: RoPE's theta, or ``None`` for no RoPE.
+    """
+
+    w_q: Tensor
+    w_k: Tensor
+    w_v: Tensor
+    w_o: Tensor
+    num_heads: int
+    num_kv_heads: int
+    b_q: Tensor | None = None
+    b_k: Tensor | None = None
+    b_v: Tensor | None = None
+    b_o: Tensor | None = None
+    rope_base: float | None = None
+
+    def __post_init__(self) -> None:
+        h = check_positive_int("num_heads", self.num_heads)
+        g = check_positive_int("num_kv_heads", self.num_kv_heads)
+        if h % g:
+            raise ValueError(f"num_kv_heads ({g}) must divide num_heads ({h})")
+        for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
+            if not (name.startswith("b_") and getattr(self, name) is None):
+                check_tensor(name, getattr(self, name))
+        if self.w_q.dim() != 2 or self.w_q.shape[0] != self.w_q.shape[1]:
+            raise ValueError(f"w_q must have shape (d_model, d_model) (h*d_k = d_model), got {format_shape(self.w_q)}")
+        d = int(self.w_q.shape[0])
+        if d % h:
+            raise ValueError(f"d_model ({d}) must be divisible by num_heads ({h})")
+        d_kv = g * (d // h)
+        expected = {
+            "w_k": (d, d_kv), "w_v": (d, d_kv), "w_o": (d, d),
+            "b_q": (d,), "b_k": (d_kv,), "b_v": (d_kv,), "b_o": (d,),
+        }
+        for name, shape in expected.items():
+            t = getattr(self, name)
+            if name.startswith("b_") and t is None:
+                continue
+            if tuple(t.shape) != shape:
+                raise ValueError(
+                    f"{name} must have shape {format_shape(shape)} for d_model={d}, num_heads={h}, "
+                    f"num_kv_heads={g}, got {format_shape(t)}"
+                )
+        has_bias = [getattr(self, n) is not None for n in ("b_q", "b_k", "b_v", "b_o")]
+        if any(has_bias) and not all(has_bias):
+            raise ValueError("biases must be given for all four projections or for none")
+        if self.rope_base is not None:
+            check_rope_base(self.rope_base, "rope_base")
+
+    @property
+    def d_model(self) -> int:
+        return int(self.w_q.shape[0])
+
+    @property
+    def bias(self) -> bool:
+        return self.b_q is not None
+
+
+# ---- the decoder layer ------------------------------------------------------------
+
+
+def _check_kv_heads(num_heads: int, num_kv_heads: object) -> int:
+    """``num_kv_heads`` (default ``num_heads``), checked to divide ``num_heads``."""
+    if num_kv_heads is None:
+        return num_heads
+    g = check_positive_int("num_kv_heads", num_kv_heads)
+    if num_heads % g:
+        raise ValueError(
+            f"num_kv_heads ({g}) must divide num_heads ({num_heads}): each key/value head "
+            f"serves a group of num_heads / num_kv_heads query heads"
+        )
+    return g
+
+
+def _check_rope(rope_base: object, d_k: int) -> float | None:
+    """``rope_base`` as a float (or ``None``: no RoPE); RoPE pairs dimensions, so d_k must be even."""
+    if rope_base is None:
+        return None
+    base = check_rope_base(rope_base, "rope_base")
+    if d_k % 2:
+        raise ValueError(
+            f"rope_base needs an even head width d_k (RoPE rotates pairs of dimensions), got d_k = {d_k}"
+        )
+    return base
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` are one tensor: the same object, or views of the same memory with
+    the same shape, strides and dtype (``x[:, :3]`` taken twice)."""
+    if a is b:
+        return True
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+        return False
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+        and a.device == b.device
+    )
+
+
+def _group_mask(mask: Tensor, h: int, g: int, n_q: int, n_k: int) -> Tensor:
+    """A mask broadcastable to ``(B, h, n_q, n_k)`` laid out for grouped queries,
+    ``(B or 1, g, (h/g)*n_q, n_k)``: head ``i`` becomes rows ``(i % (h/g))*n_q ..`` of group ``i // (h/g)``."""
+    m = mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)  # (.., n_q, n_k) -> 4-D
+    b = m.shape[0]
+    return m.expand(b, h, n_q, n_k).reshape(b, g, (h // g) * n_q, n_k)
+
+
+class DecoderAttention(MultiHeadAttention):
+    r"""Chapter 3's :class:`~attnlib.MultiHeadAttention` with a decoder's three additions:
+    grouped keys and values (``num_kv_heads``), RoPE (``rope_base``) and the KV cache
+    (``cache=`` in the call). See the module's docstring for each.
+
+    ``DecoderAttention(d_model, num_heads, bias=True, *, num_kv_heads=None, rope_base=None)``;
+    with both left at their defaults and no cache it computes exactly what its parent does.
+
+    Call: ``out, weights = layer(query, key, value, mask=None, need_weights=True, *, cache=None)``,
+    shapes as in the parent; the weights are ``(B, h, n_q, n_k)`` per query head.
+    """
+
+    def _check_decoder_options(self, num_kv_heads: object, rope_base: object) -> tuple[int, float | None]:
+        return _check_kv_heads(self.num_heads, num_kv_heads), _check_rope(rope_base, self.d_k)
+
+    def forward(  # adds the keyword-only cache
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = True,
+        *,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The parent's steps, with keys and values in ``g`` groups, RoPE, and the cache."""
+        if cache is not None:
+            check_cache_call(cache, KVCache, mask)
+            if not (_same_tensor(query, key) and _same_tensor(key, value)):
+                raise ValueError(
+                    "a call with a cache is self-attention over the new tokens: pass one tensor "
+                    "(the same memory) as query, key and value, mha(x_new, x_new, x_new, cache=cache)"
+                )
+        check_attention_inputs(query, key, value, mask, self.d_model, self.num_heads)
+        B, n_q, _ = query.shape
+        past = 0
+        if cache is not None:
+            cache._check(self, B, None, query.device)  # dtype: in update, after autocast
+            past = len(cache)
+        g = self.num_kv_heads
+        # project: as the parent, but keys and values in g groups
+        q = self._split_heads(self._project(query, self.w_q, self.b_q))  # (B, h, n_q, d_k)
+        k = self._split_heads(self._project(key, self.w_k, self.b_k), g)  # (B, g, n_k, d_k)
+        v = self._split_heads(self._project(value, self.w_v, self.b_v), g)  # (B, g, n_k, d_v)
+        if self.rope_base is not None:  # rotate by position: 0.., or continuing after the cache
+            q = apply_rope(q, torch.arange(past, past + n_q, device=q.device), self.rope_base)  # (B, h, n_q, d_k)
+            k = apply_rope(k, torch.arange(past, past + k.shape[2], device=k.device), self.rope_base)  # (B, g, n_k, d_k)
+        if cache is not None:
+            k, v = cache.update(self, k, v)  # (B, g, past + n_q, d_k), (B, g, past + n_q, d_v)
+            mask = causal_mask(n_q, past + n_q, device=query.device)  # (n_q, n_k)
+        heads, weights = self._attend_grouped(q, k, v, mask, need_weights)  # (B, h, n_q, d_v), (B, h, n_q, n_k)
+        return self._merge(heads), weights  # (B, n_q, d_model)
+
+    def _attend_grouped(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The parent's attention with the ``h/g`` query heads of a group stacked as rows:
+        ``q`` ``(B, h, n_q, d_k)``, ``k``, ``v`` ``(B, g, n_k, d_k)`` -> ``(B, h, n_q, d_v)``
+        and ``(B, h, n_q, n_k)``."""
+        B, h, n_q, d_k = q.shape
+        g, n_k = k.shape[1], k.shape[2]
+        if g == h:
+            return self._attend(q, k, v, mask, need_weights)
+        q = q.reshape(B, g, (h // g) * n_q, d_k)  # (B, g, (h/g)*n_q, d_k)
+        if mask is not None:
+            mask = _group_mask(mask, h, g, n_q, n_k)  # (B or 1, g, (h/g)*n_q, n_k)
+        heads, weights = self._attend(q, k, v, mask, need_weights)  # (B, g, (h/g)*n_q, d_v), ...
+        heads = heads.reshape(B, h, n_q, self.d_v)  # (B, h, n_q, d_v): back from groups to heads
+        return heads, None if weights is None else weights.view(B, h, n_q, n_k)  # (B, h, n_q, n_k)
+
+    # ---- conversions --------------------------------------------------------------
+    def grouped_weights(self) -> GroupedAttentionWeights:
+        """The projections (detached copies) with ``num_heads``, ``num_kv_heads`` and
+        ``rope_base``: everything :meth:`from_grouped_weights` needs to rebuild the module."""
+
+        def c(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.detach().clone()
+
+        return GroupedAttentionWeights(
+            w_q=self.w_q.detach().clone(),
+            w_k=self.w_k.detach().clone(),
+            w_v=self.w_v.detach().clone(),
+            w_o=self.w_o.detach().clone(),
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            b_q=c(self.b_q),
+            b_k=c(self.b_k),
+            b_v=c(self.b_v),
+            b_o=c(self.b_o),
+            rope_base=self.rope_base,
+        )
+
+    @classmethod
+    def from_grouped_weights(cls, weights: GroupedAttentionWeights) -> "DecoderAttention":
+        """A module holding copies of ``weights``, with its heads, groups and RoPE base."""
+        if not isinstance(weights, GroupedAttentionWeights):
+            raise TypeError(f"weights must be a GroupedAttentionWeights, got {type(weights).__name__}")
+        w_q = weights.w_q
+        layer = cls(
+            weights.d_model,
+            weights.num_heads,
+            bias=weights.bias,
+            num_kv_heads=weights.num_kv_heads,
+            rope_base=weights.rope_base,
+            device=w_q.device,
+            dtype=w_q.dtype,
+        )
+        layer._copy_from(weights)
+        return layer
+
+    def expand_kv_heads(self) -> "DecoderAttention":
+        """The same function with ``num_kv_heads = num_heads``: each group's key and value
+        column blocks (and biases) are repeated for the ``h / g`` heads that read them, in
+        ``repeat_interleave`` order. RoPE is kept (a plain layer when there is none, so
+        chapter 2-4 tools accept it)."""
+        w = self.grouped_weights()
+        r, d_k = self.group_size, self.d_k
+
+        def rep(t: Tensor | None, dim: int) -> Tensor | None:
+            if t is None:
+                return None
+            blocks = t.unflatten(dim, (self.num_kv_heads, d_k))  # (.., g, d_k, ..)
+            return blocks.repeat_interleave(r, dim=dim).flatten(dim, dim + 1)  # (.., h*d_k, ..)
+
+        expanded = GroupedAttentionWeights(
+            w_q=w.w_q,
+            w_k=rep(w.w_k, 1),  # type: ignore[arg-type]
+            w_v=rep(w.w_v, 1),  # type: ignore[arg-type]
+            w_o=w.w_o,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_heads,
+            b_q=w.b_q,
+            b_k=rep(w.b_k, 0),
+            b_v=rep(w.b_v, 0),
+            b_o=w.b_o,
+            rope_base=self.rope_base,
+        )
+        return type(self).from_grouped_weights(expanded)
+
+    def extra_repr(self) -> str:
+        extra = ""
+        if self.num_kv_heads != self.num_heads:
+            extra += f", num_kv_heads={self.num_kv_heads}"
+        if self.rope_base is not None:
+            extra += f", rope_base={self.rope_base:g}"
+        return super().extra_repr() + extra
+
+
+MultiHeadAttention._decoder_class = DecoderAttention  # MultiHeadAttention(..., num_kv_heads=g) builds one
