@@ -143,7 +143,7 @@ def _merge_heads(t: Tensor) -> Tensor:
 def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
     """Every variant, each holding copies of ``mha``'s weights in its own layout."""
     h, d, d_k = mha.num_heads, mha.d_model, mha.d_k
-    weights = mha.attention_weights()
+    weights = mha.projections()
     sep = SeparateHeadsAttention.from_fused(mha)
     tmha = mha.to_torch()  # nn.MultiheadAttention(batch_first=True)
     lin = write_packed_linear(weights)  # {"c_attn": Linear(d, 3d), "c_proj": Linear(d, d)}
