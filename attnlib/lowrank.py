@@ -458,7 +458,7 @@ QK_NEEDS_NO_ROPE = (
 )
 
 
-def _heads(mha: object, head: object, user: str, rope_reason: str | None) -> int | None:
+def _check_circuit_args(mha: object, head: object, user: str, rope_reason: str | None) -> int | None:
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
     check_plain(mha, user, rope_reason)
@@ -482,7 +482,7 @@ def qk_circuit(
     :math:`x_i W_i^{QK} x_j^\top`) or with grouped keys/values (use
     :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
     """
-    i = _heads(mha, head, "qk_circuit", QK_NEEDS_NO_ROPE)
+    i = _check_circuit_args(mha, head, "qk_circuit", QK_NEEDS_NO_ROPE)
     w_q = mha.w_q_heads.detach()  # (h, d_model, d_k)
     w_k = mha.w_k_heads.detach()  # (h, d_model, d_k)
     fm = FactoredMatrix(w_q, w_k.mT)  # (h, d_model, d_k) @ (h, d_k, d_model)
@@ -502,7 +502,7 @@ def ov_circuit(
     RoPE this is still the head's circuit; grouped keys/values raise ``ValueError``
     (use :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
     """
-    i = _heads(mha, head, "ov_circuit", None)
+    i = _check_circuit_args(mha, head, "ov_circuit", None)
     w_v = mha.w_v_heads.detach()  # (h, d_model, d_v)
     w_o = mha.w_o_heads.detach()  # (h, d_v, d_model)
     fm = FactoredMatrix(w_v, w_o)

@@ -36,7 +36,7 @@ def _axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     return owner, ax
 
 
-def _finish(
+def _finish_figure(
     ax: Axes, xlabel: str, ylabel: str, title: str | None, grid: Literal["both", "x", "y"] = "both"
 ) -> None:
     """Label both axes, set the optional title, draw a light grid."""
@@ -141,7 +141,7 @@ def line_plot(
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
-    _finish(ax, xlabel, ylabel, title)
+    _finish_figure(ax, xlabel, ylabel, title)
     ax.legend()
     return fig
 
@@ -162,7 +162,7 @@ def singular_values(
         v = np.sort(_to_numpy(s))[::-1]
         ax.plot(np.arange(1, len(v) + 1), np.maximum(v, floor), label=label)
     ax.set_yscale("log")
-    _finish(ax, "index of singular value (largest first)", "singular value", title)
+    _finish_figure(ax, "index of singular value (largest first)", "singular value", title)
     ax.legend()
     return fig
 
@@ -197,7 +197,7 @@ def spectra_groups(
                     label=label if row == 0 else None)
     ax.set_yscale("log")
     ylabel = "singular value / largest" if normalize else "singular value"
-    _finish(ax, "index of singular value (largest first)", ylabel, title)
+    _finish_figure(ax, "index of singular value (largest first)", ylabel, title)
     ax.legend()
     return fig
 
@@ -229,7 +229,7 @@ def strip_plot(
         ax.scatter(xs, v.reshape(-1), s=12, alpha=0.7, label=label)
     ax.set_xticks(range(len(x_labels)), x_labels)
     ax.set_ylim(0, None)
-    _finish(ax, xlabel, ylabel, title, grid="y")
+    _finish_figure(ax, xlabel, ylabel, title, grid="y")
     ax.legend(loc="lower center", ncol=k, fontsize="small")
     return fig
 
@@ -378,7 +378,7 @@ def head_blocks(
                                        edgecolor=colours(i % 10), linewidth=2))
             ax.text(*centre, label % i, ha="center", va="center", fontsize=11,
                     bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=1))
-        _finish(ax, xlabel, ylabel, None, grid="both")
+        _finish_figure(ax, xlabel, ylabel, None, grid="both")
         ax.grid(False)
         ax.set_title(title, fontsize=11)
     return fig
@@ -483,7 +483,7 @@ def rank_sweep(
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(d_ks), [str(d) for d in d_ks])
     ax.minorticks_off()
-    _finish(ax, "head width $d_k$", ylabel, title)
+    _finish_figure(ax, "head width $d_k$", ylabel, title)
     ax.legend(fontsize="small")
     return fig
 
@@ -531,5 +531,5 @@ def cache_bytes(
     for yi, v in zip(y, kib):
         ax.text(float(v) * 1.08, float(yi), f"{v:,.4g} KiB", va="center", fontsize=8)
     ax.set_xlim(kib.min() / 2, kib.max() * 12)
-    _finish(ax, "cache per token (KiB, log scale)", "", title, grid="x")
+    _finish_figure(ax, "cache per token (KiB, log scale)", "", title, grid="x")
     return fig
