@@ -4,7 +4,8 @@
 # Other targets: make venv (set-up only), make clean (remove the build), make distclean
 # (remove the build and .venv). Python 3.11, 3.12 and 3.13 are supported: make takes the
 # first of python3.13, python3.12, python3.11 that runs; override it with
-# PYTHON=/path/to/python3.12, and pass extra pip options with PIP_ARGS="..." (e.g. an extra index).
+# PYTHON=/path/to/python3.12, pass extra pip options with PIP_ARGS="..." (e.g. an extra index)
+# and extra pytest options with PYTEST_ARGS="..." (e.g. -x, or --durations=15).
 
 SUPPORTED := python3.13 python3.12 python3.11
 # `-c ''` as well as `command -v`: a pyenv shim exists for every installed version but
@@ -13,6 +14,7 @@ ifeq ($(origin PYTHON),undefined)
 PYTHON := $(or $(firstword $(foreach p,$(SUPPORTED),$(shell $(p) -c '' >/dev/null 2>&1 && echo $(p)))),python3.13)
 endif
 PIP_ARGS ?=
+PYTEST_ARGS ?=
 VENV := .venv
 BIN := $(VENV)/bin
 # Written after a successful install; newer than requirements.txt and pyproject.toml
@@ -46,7 +48,7 @@ $(HTML)/index.html: $(BOOK_SOURCES) $(STAMP)
 # The browser tests read the build that `make book` made (ATTNLIB_BOOK_HTML) rather
 # than building the book a second time.
 test: $(HTML)/index.html
-	ATTNLIB_BOOK_HTML=$(HTML) $(BIN)/python -m pytest
+	ATTNLIB_BOOK_HTML=$(HTML) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 venv: $(STAMP)
 
