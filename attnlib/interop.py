@@ -93,26 +93,40 @@ def read_separate_linear(q: WeightAndBias, k: WeightAndBias, v: WeightAndBias, o
     Each ``weight`` is ``(d_out, d_in)`` (``y = x @ weight.T + bias``), so the paper's
     ``W`` is ``weight.T``. Returns copies in paper orientation.
 
+    Biases on some layers only (Raschka's default: ``W_query/W_key/W_value`` without bias,
+    ``out_proj`` with one) are read with zeros for the missing ones, which computes the
+    same function.
+
     Raises:
         TypeError: an argument that is not a ``(weight, bias)`` pair of tensors.
-        ValueError: a weight that is not square, a bias of the wrong shape, or
-            biases on some layers only.
+        ValueError: a weight that is not square, or a bias of the wrong shape.
     """
     pairs = {name: _check_pair(name, pair) for name, pair in (("q", q), ("k", k), ("v", v), ("o", o))}
     for name, (w, _) in pairs.items():
         if w.dim() != 2 or w.shape[0] != w.shape[1]:
             raise ValueError(f"{name} weight must be square (d_model, d_model), got {format_shape(w)}")
-    (w_q, b_q), (w_k, b_k), (w_v, b_v), (w_o, b_o) = pairs.values()
+    biases = _zeros_for_missing({name: (w, b) for name, (w, b) in pairs.items()})
     return AttentionWeights(
-        w_q=w_q.T.clone(),
-        w_k=w_k.T.clone(),
-        w_v=w_v.T.clone(),
-        w_o=w_o.T.clone(),
-        b_q=None if b_q is None else b_q.clone(),
-        b_k=None if b_k is None else b_k.clone(),
-        b_v=None if b_v is None else b_v.clone(),
-        b_o=None if b_o is None else b_o.clone(),
+        w_q=pairs["q"][0].T.clone(),
+        w_k=pairs["k"][0].T.clone(),
+        w_v=pairs["v"][0].T.clone(),
+        w_o=pairs["o"][0].T.clone(),
+        b_q=biases["q"],
+        b_k=biases["k"],
+        b_v=biases["v"],
+        b_o=biases["o"],
     )
+
+
+def _zeros_for_missing(pairs: dict[str, WeightAndBias]) -> dict[str, Tensor | None]:
+    """Copies of the biases of ``nn.Linear``-layout pairs (weight ``(d_out, d_in)``); when some
+    are ``None`` and others not, zeros ``(d_out,)`` stand in for the missing ones."""
+    if all(b is None for _, b in pairs.values()):
+        return {name: None for name in pairs}
+    return {
+        name: b.clone() if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+        for name, (w, b) in pairs.items()
+    }
 
 
 def write_separate_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
