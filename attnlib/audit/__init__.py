@@ -25,6 +25,7 @@ built from a recipe; :func:`planted`), :mod:`~attnlib.audit.probes`, :mod:`~attn
 :mod:`~attnlib.audit.search` (:func:`diagnose`) and :mod:`~attnlib.audit.cache`.
 """
 
+from attnlib.audit.cache import CACHE_BUGS, Step, diagnose_cache
 from attnlib.audit.catalogue import BUGS, PAIRS, Bug, _BY_NAME, _CATALOGUE, _Recipe
 from attnlib.audit.engine import CONVENTIONS, Forward, _run, _Weights, planted
 from attnlib.audit.probes import LARGE_SCORES, _PROBE_SIZES, _probe_mask, probe_inputs
@@ -32,6 +33,6 @@ from attnlib.audit.report import AuditReport
 from attnlib.audit.search import diagnose
 
 __all__ = [
-    "BUGS", "PAIRS", "CONVENTIONS", "LARGE_SCORES", "Bug", "AuditReport", "Forward",
-    "diagnose", "planted", "probe_inputs",
+    "BUGS", "PAIRS", "CACHE_BUGS", "CONVENTIONS", "Step", "LARGE_SCORES", "Bug", "AuditReport", "Forward",
+    "diagnose", "diagnose_cache", "planted", "probe_inputs",
 ]
