@@ -147,3 +147,18 @@ def test_cache_errors_are_clear() -> None:
         diagnose_cache(module, ref, rtol=-1.0)
     with pytest.raises(TypeError, match="reference must be an attnlib.MultiHeadAttention"):
         diagnose_cache(module, module)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="seed must be an int"):
+        diagnose_cache(module, ref, seed="0")  # type: ignore[arg-type]
+
+
+def test_a_reference_with_another_forward_is_refused_by_the_cache_check() -> None:
+    class Shifted(MultiHeadAttention):
+        def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            out, w = super().forward(*args, **kwargs)
+            return out + 1.0, w
+
+    module, ref = build()
+    shifted = Shifted(24, 4, bias=False, num_kv_heads=2, rope_base=100.0)
+    shifted.load_state_dict(ref.state_dict())
+    with pytest.raises(RuntimeError, match="model of decoding disagrees with reference.forward"):
+        diagnose_cache(module, shifted)

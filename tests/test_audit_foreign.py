@@ -482,6 +482,20 @@ def test_grouped_and_rotary_references_do_not_crash_a_plain_module() -> None:
     assert not diagnose(lambda x, m: plain(x, x, x, mask=m)[0], ref).ok  # another layer: WRONG, no crash
 
 
+def test_probe_inputs_of_the_other_call_forms() -> None:
+    from attnlib.audit import probe_inputs
+
+    padded = probe_inputs(8, padding=True)
+    assert [k for k, _, _ in padded] == ["padding", "padding", "no padding", "large scores"]
+    for _, x, mask in padded:
+        assert mask is not None and mask.shape == x.shape[:2] and mask[:, 0].all()  # key 0 real
+        assert torch.equal(mask, mask.cummin(dim=1).values)  # padded on the right
+    assert all(m is None for _, _, m in probe_inputs(8, causal=True))
+    for kind, (x, context), mask in probe_inputs(8, cross=True):  # type: ignore[misc]
+        assert x.shape[0] == context.shape[0] and (kind != "same length" or x.shape == context.shape)
+        assert mask is None or mask.shape == (x.shape[1], context.shape[1])
+
+
 @SETTINGS
 @given(st.sampled_from(list(FOREIGN_BUGS)), st.sampled_from([(8, 2), (12, 2), (16, 4), (12, 3), (16, 2)]),
        st.integers(0, 2**16))
