@@ -10,7 +10,7 @@ The library behind the book. One module per idea, in the order of the chapters:
 - :mod:`attnlib.pretrained`: all-MiniLM-L6-v2's attention, read offline from its package (ch. 6)
 - :mod:`attnlib.recall`: the phone-book recall task and one trained head (ch. 7)
 - :mod:`attnlib.decoding`: RoPE, the KV cache, grouped and latent attention (ch. 8)
-- :mod:`attnlib.audit`: is my attention right? diagnose a learner's module (ch. 9)
+- :mod:`attnlib.audit`: is my attention right? diagnose a learner's module, or its KV cache (ch. 9)
 - :mod:`attnlib.plots`, :mod:`attnlib.explorers`: the book's figures, static and interactive
 
 Shared records and the one set of argument checks live in :mod:`attnlib._core`.

@@ -347,6 +347,18 @@ def test_foreign_bugs_are_named(bug: str) -> None:
     assert report.bugs == (bug,) and f"bug {bug}:" in str(report) and "look for" in str(report)
 
 
+def test_rope_pairing_either_way() -> None:
+    class MixedLayouts(Llamaish):  # rotate_half, but GPT-J's interleaved angles
+        def rope(self, t: Tensor, positions: Tensor) -> Tensor:
+            freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+            emb = freqs.repeat_interleave(2, dim=-1)  # (n, d): angle j at dims 2j, 2j+1
+            return t * emb.cos().to(t.dtype) + rotate_half(t) * emb.sin().to(t.dtype)
+
+    torch.manual_seed(0)
+    module = MixedLayouts(24, 4, 2, theta=100.0).eval()
+    assert diagnose(module, module.reference(), causal=True).bugs == ("rope_pairing",)
+
+
 def test_padding_head_order_either_way_and_padding_mask_inverted() -> None:
     for fold in ("bh", "hb"):
         torch.manual_seed(0)
@@ -478,8 +490,21 @@ def test_grouped_and_rotary_references_do_not_crash_a_plain_module() -> None:
     module, ref, _ = build("Llama")
     report = diagnose(module, ref, causal=True)
     assert report.ok
+    torch.manual_seed(0)
+    book = MultiHeadAttention(24, 4, num_kv_heads=2, rope_base=100.0)  # the book's own layer
+    assert diagnose(lambda x, m: book(x, x, x, mask=m)[0], book).ok
+    assert diagnose(lambda x, c, m: book(x, c, c, mask=m)[0], book, cross=True).ok
     plain = MultiHeadAttention(24, 4)
     assert not diagnose(lambda x, m: plain(x, x, x, mask=m)[0], ref).ok  # another layer: WRONG, no crash
+
+
+def test_causal_and_padded_together() -> None:
+    module, ref, _ = build("BERT")
+    right = planted(ref, causal=True, padding=True)
+    assert diagnose(right, ref, causal=True, padding=True).ok
+    for bug in ("padding_on_queries", "causal_reversed", "padding_head_order"):
+        report = diagnose(planted(ref, bug, causal=True, padding=True), ref, causal=True, padding=True)
+        assert report.bugs == (bug,), (bug, str(report))
 
 
 def test_probe_inputs_of_the_other_call_forms() -> None:
