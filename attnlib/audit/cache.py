@@ -61,16 +61,16 @@ _CACHE_CATALOGUE: tuple[Bug, ...] = (
     Bug(
         "rope_positions_restart",
         "RoPE positions restart at 0 at every call: each new token is rotated as position 0",
-        "positions = torch.arange(x.shape[1])",
-        "positions = torch.arange(past_len, past_len + x.shape[1])   # past_len = cached length",
+        "pos = torch.arange(T)   # T new tokens",
+        "pos = torch.arange(past_len, past_len + T)   # after the cache",
         {"positions": "restart"},
         needs=frozenset({"rope"}),
     ),
     Bug(
         "keys_appended_twice",
         "each step appends its new keys and values to the cache twice",
-        "cache_k = torch.cat([cache_k, k], dim=2)   # ... and once more further down",
-        "cache_k = torch.cat([cache_k, k], dim=2)   # once per call",
+        "cache_k = torch.cat([cache_k, k], dim=2)   # and again below",
+        "cache_k = torch.cat([cache_k, k], dim=2)   # once per step",
         {"append": "twice"},
         "modelled with the prefill (empty cache) storing its keys once, as code that tests "
         "`if cache is None` does.",
@@ -87,8 +87,8 @@ _CACHE_CATALOGUE: tuple[Bug, ...] = (
     Bug(
         "prefill_not_causal",
         "no causal mask in a prefill of several tokens: the prompt attends to its own future",
-        "F.scaled_dot_product_attention(q, k, v)   # no mask: fine for one token, not for a prompt",
-        "F.scaled_dot_product_attention(q, k, v, is_causal=past_len == 0)   # or an offset causal mask",
+        "F.scaled_dot_product_attention(q, k, v)   # no mask for T > 1",
+        "mask = torch.ones(T, L).tril(L - T).bool()   # L = past_len + T",
         {"prefill_causal": False},
     ),
     dataclasses.replace(_BY_NAME["kv_head_order"], change=MappingProxyType({"kv_expand": "repeat"})),

@@ -88,7 +88,7 @@ def _where(err: BaseException, forward: object) -> str:
         cls, fn, line = module_frame
         return f"inside your module, in {cls}.{fn} (line {line})"
     if last_own is not None and not isinstance(forward, nn.Module):
-        return f"in your adapter, {last_own[0]} (line {last_own[1]}), before any module of yours ran"
+        return f"in your adapter, {last_own[0]} (line {last_own[1]}), outside your module"
     return "in your forward"
 
 
