@@ -20,7 +20,7 @@ from torch import Tensor
 
 from attnlib.attention import masked_softmax
 from attnlib.audit.catalogue import _BY_NAME, BUGS, _compatible, _Recipe
-from attnlib.decoding import apply_rope, rope_angles
+from attnlib.decoding import apply_rope, rope_angles, rotate_half
 from attnlib.multihead import MultiHeadAttention
 
 Forward = Callable[..., Tensor]
@@ -88,8 +88,7 @@ def _rope(t: Tensor, positions: Tensor, base: float, recipe: _Recipe) -> Tensor:
         a, b = t[..., ::2], t[..., 1::2]  # (B, heads, n, d_k/2) each
         return torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)  # (.., d_k)
     cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)  # (n, d_k): interleaved
-    half = t.shape[-1] // 2
-    return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin  # (B, heads, n, d_k)
+    return t * cos + rotate_half(t) * sin  # (B, heads, n, d_k)
 
 
 def _causal(n_q: int, n_k: int, recipe: _Recipe, device: torch.device) -> Tensor:
