@@ -11,7 +11,7 @@ The library behind the book. One module per idea, in the order of the chapters:
 - :mod:`attnlib.decoding`: RoPE, the KV cache, :class:`DecoderAttention` (grouped
   keys/values, RoPE and the cache as a subclass of ``MultiHeadAttention``) and latent
   attention (ch. 8)
-- :mod:`attnlib.audit`: is my attention right? diagnose a learner's module (ch. 9)
+- :mod:`attnlib.audit`: is my attention right? diagnose a learner's module, or its KV cache (ch. 9)
 - :mod:`attnlib.plots`, :mod:`attnlib.explorers`: the book's figures, static and interactive
 
 Shared records and the one set of argument checks live in :mod:`attnlib._core`.

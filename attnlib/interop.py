@@ -12,7 +12,10 @@ attnlib / the paper                     ``W^Q, W^K, W^V, W^O``: ``(d, d)`` each,
                                         ``out_proj.weight`` = ``(W^O)ᵀ``: ``(E, E)``
 packed ``nn.Linear(d, 3d)`` (nanoGPT)   ``c_attn.weight`` = ``[W^Q | W^K | W^V]ᵀ``: ``(3d, d)``,
                                         ``c_proj.weight`` = ``(W^O)ᵀ``: ``(d, d)``
-separate ``nn.Linear`` (BERT)           ``query/key/value/output.dense.weight`` = ``Wᵀ``: ``(out, in)``
+separate ``nn.Linear`` (BERT)           ``query/key/value/output.dense.weight`` = ``Wᵀ``: ``(out, in)``;
+                                        BERT keeps W^O in another module (``read_bert``)
+a list of heads (Raschka's wrapper)     head ``i``: ``W_query/W_key/W_value.weight`` = ``(W_i)ᵀ``: ``(d_k, d)``;
+                                        W^O one ``nn.Linear`` or none (``read_linear_heads``)
 GPT-2 ``Conv1D`` (in, out)              ``c_attn.weight`` = ``[W^Q | W^K | W^V]``: ``(d, 3d)``,
                                         ``c_proj.weight`` = ``W^O``: ``(d, d)``
 Hugging Face Llama (chapter 8)          ``q_proj.weight`` = ``(W^Q)ᵀ``: ``(h d_k, d)``,
@@ -64,6 +67,10 @@ __all__ = [
     "read_conv1d",
     "write_conv1d",
     "torch_attn_mask",
+    "read_bert",
+    "write_bert",
+    "read_linear_heads",
+    "write_linear_heads",
 ]
 
 WeightAndBias = tuple[Tensor, Tensor | None]
@@ -93,26 +100,40 @@ def read_separate_linear(q: WeightAndBias, k: WeightAndBias, v: WeightAndBias, o
     Each ``weight`` is ``(d_out, d_in)`` (``y = x @ weight.T + bias``), so the paper's
     ``W`` is ``weight.T``. Returns copies in paper orientation.
 
+    Biases on some layers only (Raschka's default: ``W_query/W_key/W_value`` without bias,
+    ``out_proj`` with one) are read with zeros for the missing ones, which computes the
+    same function.
+
     Raises:
         TypeError: an argument that is not a ``(weight, bias)`` pair of tensors.
-        ValueError: a weight that is not square, a bias of the wrong shape, or
-            biases on some layers only.
+        ValueError: a weight that is not square, or a bias of the wrong shape.
     """
     pairs = {name: _check_pair(name, pair) for name, pair in (("q", q), ("k", k), ("v", v), ("o", o))}
     for name, (w, _) in pairs.items():
         if w.dim() != 2 or w.shape[0] != w.shape[1]:
             raise ValueError(f"{name} weight must be square (d_model, d_model), got {format_shape(w)}")
-    (w_q, b_q), (w_k, b_k), (w_v, b_v), (w_o, b_o) = pairs.values()
+    biases = _zeros_for_missing({name: (w, b) for name, (w, b) in pairs.items()})
     return AttentionWeights(
-        w_q=w_q.T.clone(),
-        w_k=w_k.T.clone(),
-        w_v=w_v.T.clone(),
-        w_o=w_o.T.clone(),
-        b_q=None if b_q is None else b_q.clone(),
-        b_k=None if b_k is None else b_k.clone(),
-        b_v=None if b_v is None else b_v.clone(),
-        b_o=None if b_o is None else b_o.clone(),
+        w_q=pairs["q"][0].T.clone(),
+        w_k=pairs["k"][0].T.clone(),
+        w_v=pairs["v"][0].T.clone(),
+        w_o=pairs["o"][0].T.clone(),
+        b_q=biases["q"],
+        b_k=biases["k"],
+        b_v=biases["v"],
+        b_o=biases["o"],
     )
+
+
+def _zeros_for_missing(pairs: dict[str, WeightAndBias]) -> dict[str, Tensor | None]:
+    """Copies of the biases of ``nn.Linear``-layout pairs (weight ``(d_out, d_in)``); when some
+    are ``None`` and others not, zeros ``(d_out,)`` stand in for the missing ones."""
+    if all(b is None for _, b in pairs.values()):
+        return {name: None for name in pairs}
+    return {
+        name: b.clone() if b is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+        for name, (w, b) in pairs.items()
+    }
 
 
 def write_separate_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
@@ -129,6 +150,109 @@ def write_separate_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
                 lin.bias.copy_(biases[i])
         layers[name] = lin
     return layers
+
+
+def read_bert(self_attention: nn.Module, self_output: nn.Module) -> AttentionWeights:
+    """Read BERT's attention, whose W^O lives in another module: ``self_attention.query``,
+    ``.key``, ``.value`` (``BertSelfAttention``) and ``self_output.dense`` (``BertSelfOutput``,
+    whose dropout, residual and LayerNorm are not part of attention). Each an ``nn.Linear``
+    ``(d, d)``; copies in paper orientation, as :func:`read_separate_linear`.
+
+    Raises:
+        TypeError: a layer missing or not an ``nn.Linear``.
+    """
+    layers = []
+    for owner, where, name in ((self_attention, "self_attention", "query"), (self_attention, "self_attention", "key"),
+                               (self_attention, "self_attention", "value"), (self_output, "self_output", "dense")):
+        lin = getattr(owner, name, None)
+        if not isinstance(lin, nn.Linear):
+            raise TypeError(f"{where}.{name} must be an nn.Linear, got {type(lin).__name__}")
+        layers.append((lin.weight, lin.bias))
+    return read_separate_linear(*layers)
+
+
+def write_bert(weights: AttentionWeights) -> tuple[nn.ModuleDict, nn.ModuleDict]:
+    """``(self_attention, self_output)``: ``nn.ModuleDict`` s with ``query, key, value`` and
+    ``dense`` holding ``weights`` (the inverse of :func:`read_bert`); their ``state_dict()`` s
+    load into a ``BertSelfAttention`` and a ``BertSelfOutput``'s dense layer of the same width."""
+    layers = write_separate_linear(weights)
+    self_attention = nn.ModuleDict({"query": layers["q"], "key": layers["k"], "value": layers["v"]})
+    return self_attention, nn.ModuleDict({"dense": layers["o"]})
+
+
+def read_linear_heads(
+    heads: list[tuple[WeightAndBias, WeightAndBias, WeightAndBias]] | tuple[tuple[WeightAndBias, WeightAndBias, WeightAndBias], ...],
+    o: WeightAndBias | None = None,
+) -> AttentionWeights:
+    r"""Read a list of heads, as Raschka's ``MultiHeadAttentionWrapper`` keeps them
+    (``nn.ModuleList`` of single-head modules, concatenated): head ``i``'s ``(q, k, v)``
+    ``nn.Linear`` pairs, weight ``(d_k, d_model)`` each, and ``o``, W^O's pair
+    ``(d_model, d_model)``, or ``None`` for a wrapper that only concatenates (W^O = I).
+
+    .. math::
+        W^Q = [\,W_0^Q \,|\, \dots \,|\, W_{h-1}^Q\,], \qquad W_i^Q = (\texttt{heads[i][0].weight})^\top
+        \in \mathbb{R}^{d_{model} \times d_k},
+
+    and so for K and V. Partial biases read as zeros (see :func:`read_separate_linear`).
+    Build the module with ``MultiHeadAttention.from_weights(w, num_heads=len(heads))``.
+
+    Raises:
+        TypeError: ``heads`` not a list of ``(q, k, v)`` pairs of tensors.
+        ValueError: no heads, heads of different widths, or ``h * d_k != d_model``.
+    """
+    if not isinstance(heads, (list, tuple)) or not heads:
+        raise ValueError(f"heads must be a non-empty list of (q, k, v) pairs, got {heads!r:.60}")
+    per_role: dict[str, list[WeightAndBias]] = {"q": [], "k": [], "v": []}
+    for i, head in enumerate(heads):
+        if not (isinstance(head, (list, tuple)) and len(head) == 3):
+            raise TypeError(f"heads[{i}] must be a (q, k, v) triple of (weight, bias) pairs, got {head!r:.60}")
+        for role, pair in zip("qkv", head):
+            per_role[role].append(_check_pair(f"heads[{i}].{role}", tuple(pair) if isinstance(pair, list) else pair))
+    w0 = per_role["q"][0][0]
+    d_k, d = (int(w0.shape[0]), int(w0.shape[1])) if w0.dim() == 2 else (-1, -1)
+    for role, pairs in per_role.items():
+        for i, (w, _) in enumerate(pairs):
+            if tuple(w.shape) != (d_k, d):
+                raise ValueError(f"heads[{i}].{role} weight must have shape (d_k, d_model) = ({d_k}, {d}) "
+                                 f"like heads[0].q, got {format_shape(w)}")
+    if d_k * len(heads) != d:
+        raise ValueError(f"{len(heads)} heads of width d_k = {d_k} make {d_k * len(heads)} columns, "
+                         f"not d_model = {d}: attnlib needs h * d_k = d_model")
+    if o is None:
+        o = (torch.eye(d, dtype=w0.dtype, device=w0.device), None)  # a wrapper that only concatenates
+
+    def cat(role: str) -> WeightAndBias:
+        pairs = per_role[role]
+        biases = [b for _, b in pairs]
+        b = None if all(x is None for x in biases) else torch.cat(
+            [x if x is not None else w.new_zeros(d_k) for (w, _), x in zip(pairs, biases)])
+        return torch.cat([w for w, _ in pairs], dim=0), b  # (h*d_k, d): nn.Linear layout
+
+    return read_separate_linear(cat("q"), cat("k"), cat("v"), o)
+
+
+def write_linear_heads(weights: AttentionWeights, num_heads: int) -> tuple[list[dict[str, nn.Linear]], nn.Linear]:
+    """``(heads, o)``: ``num_heads`` dicts of ``nn.Linear(d_model, d_k)`` layers ``{"q", "k", "v"}``
+    and W^O as ``nn.Linear(d_model, d_model)`` (the inverse of :func:`read_linear_heads`)."""
+    d = weights.d_model
+    d_k = d // check_positive_int("num_heads", num_heads)
+    if d_k * num_heads != d:
+        raise ValueError(f"num_heads ({num_heads}) must divide d_model ({d})")
+    layers = write_separate_linear(weights)
+    heads = []
+    for i in range(num_heads):
+        rows = slice(i * d_k, (i + 1) * d_k)
+        head = {}
+        for role in "qkv":
+            full = layers[role]
+            lin = nn.Linear(d, d_k, bias=full.bias is not None, device=full.weight.device, dtype=full.weight.dtype)
+            with torch.no_grad():
+                lin.weight.copy_(full.weight[rows])  # (d_k, d)
+                if full.bias is not None:
+                    lin.bias.copy_(full.bias[rows])
+            head[role] = lin
+        heads.append(head)
+    return heads, layers["o"]
 
 
 def _packed_pairs(
@@ -157,8 +281,9 @@ def _packed_pairs(
         raise ValueError(f"c_attn bias must have shape (3*d_model,) = ({3 * d},), got {format_shape(b_attn)}")
     if b_proj is not None and tuple(b_proj.shape) != (d,):
         raise ValueError(f"c_proj bias must have shape (d_model,) = ({d},), got {format_shape(b_proj)}")
-    if (b_attn is None) != (b_proj is None):
-        raise ValueError("c_attn and c_proj must both have a bias or both have none")
+    if (b_attn is None) != (b_proj is None):  # timm's qkv_bias=False with a biased proj: zeros
+        b_attn = w_attn.new_zeros(3 * d) if b_attn is None else b_attn
+        b_proj = w_proj.new_zeros(d) if b_proj is None else b_proj
     return w_attn, b_attn, w_proj, b_proj
 
 
@@ -182,9 +307,12 @@ def read_packed_linear(c_attn: WeightAndBias, c_proj: WeightAndBias) -> Attentio
     Returns:
         copies in paper orientation.
 
+    A bias on one layer only (timm's ``qkv_bias=False`` with a biased ``proj``) is read with
+    zeros for the other, which computes the same function.
+
     Raises:
         ValueError: a weight or bias of the wrong shape (the message names it, the
-            expected and the received shape), or a bias on one layer only.
+            expected and the received shape).
     """
     w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=True)
     return split_qkv(w_attn.T, b_attn, w_proj.T, b_proj)  # (3d, d) -> (d, 3d)
@@ -225,9 +353,11 @@ def read_conv1d(c_attn: WeightAndBias, c_proj: WeightAndBias) -> AttentionWeight
     Returns:
         copies in paper orientation.
 
+    A bias on one layer only is read with zeros for the other.
+
     Raises:
         ValueError: a weight or bias of the wrong shape (the message names it, the
-            expected and the received shape), or a bias on one layer only.
+            expected and the received shape).
     """
     w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=False)
     return split_qkv(w_attn, b_attn, w_proj, b_proj)

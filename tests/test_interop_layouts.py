@@ -239,11 +239,9 @@ good_proj = (torch.randn(d, d), torch.randn(d))
          r"c_attn bias must have shape \(3\*d_model,\) = \(12,\), got \(4,\)"),
         (read_packed_linear, good_linear, (good_proj[0], torch.randn(3 * d)),
          r"c_proj bias must have shape \(d_model,\) = \(4,\), got \(12,\)"),
-        (read_packed_linear, good_linear, (good_proj[0], None), "both have a bias or both have none"),
         (read_conv1d, good_linear, good_proj, r"c_attn weight must have shape \(d_model, 3\*d_model\).*got \(12, 4\)"),
         (read_conv1d, good_conv, (torch.randn(2 * d, d), torch.randn(d)), r"c_proj weight .* = \(4, 4\).*got \(8, 4\)"),
         (read_conv1d, (good_conv[0], torch.randn(3 * d, 1)), good_proj, r"c_attn bias .* got \(12, 1\)"),
-        (read_conv1d, (good_conv[0], None), good_proj, "both have a bias or both have none"),
     ],
 )
 def test_error_wrong_shapes(read, c_attn, c_proj, message) -> None:  # type: ignore[no-untyped-def]

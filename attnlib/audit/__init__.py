@@ -1,0 +1,38 @@
+r"""Is my attention right? Check your own multi-head attention, and name its bug (chapter 9).
+
+:func:`diagnose` runs your ``forward`` and an :class:`~attnlib.MultiHeadAttention` holding the
+same weights on the same probe inputs and compares the outputs,
+
+.. math::
+    \mathrm{error} = \max_{\text{probes}} \frac{\max_{b,i,c} |y_{bic} - r_{bic}|}{\max_{b,i,c} |r_{bic}|},
+
+with :math:`y` your output and :math:`r` the reference's. When they disagree it rebuilds
+the layer with each bug of :data:`BUGS` planted, and with every pair of them, from the
+reference's weights and attnlib's own pieces, and reports the bugs whose outputs match yours.
+
+Call forms: self-attention ``forward(x, mask)`` with a bool ``(n, n)`` mask (True = may
+attend) or None; ``causal=True`` for a module that masks the future itself; ``padding=True``
+for a ``(B, n_k)`` key-padding mask (True = real token); ``cross=True`` for
+``forward(x, context, mask)``. The reference may have grouped keys/values (``num_kv_heads``)
+and RoPE (``rope_base``). :func:`diagnose_cache` checks incremental decoding with a KV cache.
+
+A bug is one entry of the catalogue: a name, a description, the line to look for, the fix, the
+steps of the computation it changes (fields of :class:`~attnlib.audit.catalogue._Recipe`) and,
+for some, a note on where else the fix may belong (an adapter, the loading code).
+
+The package: :mod:`~attnlib.audit.catalogue` (the bugs), :mod:`~attnlib.audit.engine` (the layer
+built from a recipe; :func:`planted`), :mod:`~attnlib.audit.probes`, :mod:`~attnlib.audit.report`,
+:mod:`~attnlib.audit.search` (:func:`diagnose`) and :mod:`~attnlib.audit.cache`.
+"""
+
+from attnlib.audit.cache import CACHE_BUGS, Step, diagnose_cache
+from attnlib.audit.catalogue import BUGS, PAIRS, Bug, _BY_NAME, _CATALOGUE, _Recipe
+from attnlib.audit.engine import CONVENTIONS, Forward, _run, _Weights, planted
+from attnlib.audit.probes import LARGE_SCORES, _PROBE_SIZES, _probe_mask, probe_inputs
+from attnlib.audit.report import AuditReport
+from attnlib.audit.search import diagnose
+
+__all__ = [
+    "BUGS", "PAIRS", "CACHE_BUGS", "CONVENTIONS", "Step", "LARGE_SCORES", "Bug", "AuditReport", "Forward",
+    "diagnose", "diagnose_cache", "planted", "probe_inputs",
+]

@@ -1,0 +1,258 @@
+r"""The layer computed the way a :class:`~attnlib.audit.catalogue._Recipe` says, from a
+reference's weights and attnlib's own pieces (:func:`~attnlib.masked_softmax`,
+:func:`~attnlib.decoding.apply_rope`); and :func:`planted`, that layer as a ``forward``.
+
+A query whose keys are all blocked (a *blocked line* of the softmax) has no defined output;
+modules differ there, by convention rather than by bug. :data:`CONVENTIONS` are the ones
+met in practice: attnlib's zero weights, the NaN of a softmax over ``-inf``, the uniform
+weights of a large finite fill (``-1e9``, ``finfo.min``), and the raw softmax of an additive
+mask that every key of the line received alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnlib.attention import masked_softmax
+from attnlib.audit.catalogue import _BY_NAME, BUGS, _compatible, _Recipe
+from attnlib.decoding import apply_rope, rope_angles, rotate_half
+from attnlib.multihead import MultiHeadAttention
+
+Forward = Callable[..., Tensor]
+"""A learner's layer: ``forward(x, mask) -> out`` (``forward(x, context, mask)`` for
+cross-attention); ``x: (B, n, d_model)``, ``out: (B, n, d_model)``."""
+
+CONVENTIONS: dict[str, str] = {
+    "zeros": "zeros (no value read; attnlib's convention)",
+    "NaN": "NaN (a softmax over -inf only)",
+    "mean of values": "the mean of all values (uniform weights, as a -1e9 or finfo.min fill gives)",
+    "as if unmasked": "the unmasked softmax (an additive mask that every key of the row got alike)",
+}
+"""What a module may return for a query whose keys are all blocked: name -> description."""
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """The reference's parameters (detached), paper orientation; biases may be None.
+
+    ``w["q"]: (d_model, h*d_k)``, ``w["k"], w["v"]: (d_model, g*d_k)``, ``w["o"]: (h*d_k, d_model)``.
+    """
+
+    w: Mapping[str, Tensor]
+    b: Mapping[str, Tensor | None]
+    num_heads: int
+    num_kv_heads: int
+    rope_base: float | None
+
+    @classmethod
+    def of(cls, ref: MultiHeadAttention, dtype: torch.dtype) -> _Weights:
+        w = {r: getattr(ref, f"w_{r}").detach().to(dtype) for r in "qkvo"}
+        b = {r: _opt(getattr(ref, f"b_{r}"), dtype) for r in "qkvo"}
+        return cls(w, b, ref.num_heads, ref.num_kv_heads, ref.rope_base)
+
+    @property
+    def d_k(self) -> int:
+        return self.w["q"].shape[0] // self.num_heads
+
+
+def _opt(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return None if t is None else t.detach().to(dtype)
+
+
+def _project(x: Tensor, w: Tensor, b: Tensor | None, recipe: _Recipe) -> Tensor:
+    """``x @ W + b`` (or the buggy ``x @ W.T + b``): ``(B, n, d_in) -> (B, n, d_out)``."""
+    y = x @ (w if recipe.projection == "x @ W" else w.T)  # (B, n, d_out)
+    return y if b is None else y + b
+
+
+def _split(t: Tensor, heads: int, recipe: _Recipe) -> Tensor:
+    """``(B, n, heads*d_k) -> (B, heads, n, d_k)``."""
+    B, n, d = t.shape
+    if recipe.split == "view":
+        return t.reshape(B, heads, n, d // heads)  # positions and heads mixed up
+    return t.view(B, n, heads, d // heads).transpose(1, 2)  # (B, heads, n, d_k)
+
+
+def _rope(t: Tensor, positions: Tensor, base: float, recipe: _Recipe) -> Tensor:
+    """RoPE of ``t: (B, heads, n, d_k)`` at ``positions: (n,)`` in the recipe's layout."""
+    if recipe.rope == "rotate-half":
+        return apply_rope(t, positions, base)  # (B, heads, n, d_k)
+    angles = rope_angles(positions, t.shape[-1], base)  # (n, d_k/2)
+    cos, sin = angles.cos().to(t.dtype), angles.sin().to(t.dtype)  # (n, d_k/2)
+    if recipe.rope == "adjacent":  # pairs (2j, 2j+1) turned by p*w_j (GPT-J, Meta's complex form)
+        a, b = t[..., ::2], t[..., 1::2]  # (B, heads, n, d_k/2) each
+        return torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)  # (.., d_k)
+    cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)  # (n, d_k): interleaved
+    return t * cos + rotate_half(t) * sin  # (B, heads, n, d_k)
+
+
+def _causal(n_q: int, n_k: int, recipe: _Recipe, device: torch.device) -> Tensor:
+    """The module's own causal mask, bool ``(n_q, n_k)``, True = may attend."""
+    i = torch.arange(n_q, device=device)[:, None]  # (n_q, 1)
+    j = torch.arange(n_k, device=device)[None, :]  # (1, n_k)
+    return {"j <= i": j <= i, "j < i": j < i, "j <= i + 1": j <= i + 1, "j >= i": j >= i}[recipe.causal]
+
+
+def _padding(pad: Tensor, h: int, n_q: int, recipe: _Recipe) -> Tensor:
+    """A key-padding mask ``(B, n_k)`` (True = real) as the module broadcasts it: 4-D."""
+    B = pad.shape[0]
+    if recipe.padding == "keys":
+        return pad[:, None, None, :]  # (B, 1, 1, n_k)
+    if recipe.padding == "queries":
+        return pad[:, None, :, None]  # (B, 1, n_k, 1): blocks padded queries, fails if n_q != n_k
+    b, i = torch.arange(B)[:, None], torch.arange(h)[None, :]  # (B, 1), (1, h)
+    if recipe.padding == "fold b*h+i by repeat":
+        rows = (b * h + i) % B  # (B, h): mask.repeat(h, 1)[b*h + i]
+    else:
+        rows = (i * B + b) // h  # (B, h): mask.repeat_interleave(h, 0)[i*B + b]
+    return pad[rows.to(pad.device)][:, :, None, :]  # (B, h, 1, n_k)
+
+
+def _mask(
+    r: _Recipe, p: _Weights, n_q: int, n_k: int, mask: Tensor | None, causal: bool, padding: bool,
+    device: torch.device,
+) -> Tensor | None:
+    """The mask the module attends with, broadcastable to ``(B, h, n_q, n_k)``, or None.
+
+    The polarity and ignored-mask bugs act on the mask the module is given, or, given none,
+    on its own causal mask."""
+    given = None if mask is None else (_padding(mask, p.num_heads, n_q, r) if padding else mask)
+    own = _causal(n_q, n_k, r, device) if causal else None
+    if given is not None:
+        given = None if r.mask_use == "ignored" else (~given if r.mask_true == "blocked" else given)
+    elif own is not None:
+        own = None if r.mask_use == "ignored" else (~own if r.mask_true == "blocked" else own)
+    if given is None or own is None:
+        return given if own is None else own
+    return given & own
+
+
+def _weights(scores: Tensor, mask: Tensor | None, r: _Recipe) -> dict[str, Tensor]:
+    """Attention weights ``(B, h, n_q, n_k)`` per convention for blocked lines (one entry,
+    ``"any"``, when no line of the softmax is entirely blocked)."""
+    dim = r.softmax_dim
+    if mask is None:
+        return {"any": scores.softmax(dim=dim)}
+    if r.mask_use == "0":
+        return {"any": scores.masked_fill(~mask, 0.0).softmax(dim=dim)}
+    if r.mask_use == "after softmax":
+        return {"any": scores.softmax(dim=dim) * mask}
+    mask = mask.expand(scores.shape)  # (B, h, n_q, n_k)
+    weights = masked_softmax(scores, mask, dim=dim)  # 0 on a blocked line
+    blocked = ~mask.any(dim=dim, keepdim=True)  # (..): lines with no allowed key
+    if not blocked.any():
+        return {"any": weights}
+    blocked = blocked.expand(scores.shape)
+    return {
+        "zeros": weights,
+        "NaN": weights.masked_fill(blocked, math.nan),
+        "mean of values": torch.where(blocked, 1.0 / scores.shape[dim], weights),
+        "as if unmasked": torch.where(blocked, scores.softmax(dim=dim), weights),
+    }
+
+
+def _run(
+    r: _Recipe, p: _Weights, x: Tensor, context: Tensor, mask: Tensor | None,
+    *, causal: bool = False, padding: bool = False,
+) -> dict[str, Tensor]:
+    """The layer computed the way ``r`` says, per blocked-line convention (see :func:`_weights`).
+
+    ``x: (B, n_q, d_model)`` gives the queries, ``context: (B, n_k, d_model)`` the keys and
+    values (``x`` itself for self-attention); ``mask``: bool ``(n_q, n_k)``, or ``(B, n_k)``
+    key padding when ``padding``, or None; ``causal``: the module adds its own causal mask.
+    Returns ``(B, n_q, d_model)`` tensors."""
+    h, g = p.num_heads, p.num_kv_heads
+    v_role = "v" if r.value_weights == "W_v" else "k"
+    q = _split(_project(x, p.w["q"], p.b["q"], r), h, r)  # (B, h, n_q, d_k)
+    k = _split(_project(context if r.key_input == "context" else x, p.w["k"], p.b["k"], r), g, r)  # (B, g, n_k, d_k)
+    v_in = context if r.value_input == "context" else x
+    v = _split(_project(v_in, p.w[v_role], p.b[v_role], r), g, r)  # (B, g, n_k, d_k)
+    if p.rope_base is not None:
+        q = _rope(q, torch.arange(q.shape[-2]), p.rope_base, r)  # (B, h, n_q, d_k)
+        k = _rope(k, torch.arange(k.shape[-2]), p.rope_base, r)  # (B, g, n_k, d_k)
+        if r.rope_values:
+            v = _rope(v, torch.arange(v.shape[-2]), p.rope_base, r)  # (B, g, n_k, d_k)
+    if g < h:  # each group serves h/g query heads
+        k, v = ((t.repeat_interleave(h // g, dim=1) if r.kv_expand == "repeat_interleave"
+                 else t.repeat(1, h // g, 1, 1)) for t in (k, v))  # (B, h, n_k, d_k)
+    d_k, d_model = q.shape[-1], x.shape[-1]
+    scale = {"sqrt(d_k)": d_k**-0.5, "1": 1.0, "sqrt(d_model)": d_model**-0.5, "d_k": 1.0 / d_k}[r.scale]
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, h, n_q, n_k)
+    m = _mask(r, p, q.shape[-2], k.shape[-2], mask, causal, padding, x.device)
+    return {c: _finish(w @ v, p, r) for c, w in _weights(scores, m, r).items()}  # (B, n_q, d_model)
+
+
+def _finish(heads: Tensor, p: _Weights, recipe: _Recipe) -> Tensor:
+    """Merge the heads ``(B, h, n, d_k) -> (B, n, d)`` and apply ``W^O`` (or not)."""
+    B, h, n, d_k = heads.shape
+    if recipe.merge == "reshape":
+        concat = heads.reshape(B, n, h * d_k)  # heads and positions mixed up
+    else:
+        concat = heads.transpose(1, 2).reshape(B, n, h * d_k)  # (B, n, h*d_k)
+    if not recipe.output_projection:
+        return concat
+    return _project(concat, p.w["o"], p.b["o"], recipe)  # (B, n, d_model)
+
+
+def _modes(reference: MultiHeadAttention, causal: bool, padding: bool, cross: bool) -> frozenset[str]:
+    """The features of a call form and a reference that some bugs need."""
+    flags = {"causal": causal, "padding": padding, "cross": cross,
+             "grouped": reference.num_kv_heads < reference.num_heads, "rope": reference.rope_base is not None}
+    return frozenset(name for name, on in flags.items() if on)
+
+
+def _recipe_of(bugs: tuple[str, ...], modes: frozenset[str]) -> _Recipe:
+    """The recipe with ``bugs`` planted; unknown, clashing or out-of-place bugs refused."""
+    recipe = _Recipe()
+    for i, name in enumerate(bugs):
+        if name not in _BY_NAME:
+            raise ValueError(f"unknown bug {name!r}; the catalogue has: {', '.join(BUGS)}")
+        bug = _BY_NAME[name]
+        if not bug.needs <= modes:
+            raise ValueError(
+                f"bug {name!r} needs {', '.join(sorted(bug.needs - modes))} "
+                f"(pass causal=/padding=/cross=True, or a reference with num_kv_heads/rope_base)"
+            )
+        for other in bugs[:i]:
+            if not _compatible(_BY_NAME[other], bug):
+                raise ValueError(f"bugs {other!r} and {name!r} change the same step; plant one of them")
+        recipe = bug.recipe(recipe)
+    return recipe
+
+
+def planted(
+    reference: MultiHeadAttention, *bugs: str, causal: bool = False, padding: bool = False,
+    cross: bool = False, blocked: str = "zeros",
+) -> Forward:
+    """``reference``'s layer with the named bugs planted, as a forward in :func:`diagnose`'s
+    call form: ``forward(x, mask)``, or ``forward(x, context, mask)`` with ``cross=True``.
+
+    ``x: (B, n_q, d_model)``; ``context: (B, n_k, d_model)``; ``mask``: bool ``(n_q, n_k)``,
+    or ``(B, n_k)`` key padding (True = real token) with ``padding=True``, or None; with
+    ``causal=True`` the layer masks the future itself. ``blocked``: what a query with no
+    allowed key returns (a key of :data:`CONVENTIONS`). With no bug it computes
+    ``reference(x, context, context, mask)[0]``. Bugs that change the same step
+    (``missing_scale`` and ``scale_by_d_model``) cannot be planted together; a bug that
+    needs a call form (``causal_*``: ``causal=True``) or a reference feature
+    (``kv_head_order``: ``num_kv_heads``) refuses to be planted without it.
+    """
+    from attnlib.audit.search import _check_reference, _check_flags
+
+    _check_reference(reference)
+    _check_flags(causal, padding, cross)
+    if blocked not in CONVENTIONS:
+        raise ValueError(f"blocked must be one of {', '.join(CONVENTIONS)}, got {blocked!r}")
+    recipe = _recipe_of(bugs, _modes(reference, causal, padding, cross))
+
+    def run(x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
+        outs = _run(recipe, _Weights.of(reference, x.dtype), x, context, mask, causal=causal, padding=padding)
+        return outs["any"] if "any" in outs else outs[blocked]
+
+    if cross:
+        return run
+    return lambda x, mask=None: run(x, x, mask)

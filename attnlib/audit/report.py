@@ -1,0 +1,137 @@
+"""What :func:`~attnlib.audit.diagnose` and :func:`~attnlib.audit.diagnose_cache` found, and
+how it reads."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from attnlib.audit.catalogue import _BY_NAME, Bug
+
+__all__ = ["AuditReport"]
+
+# the cache check's own bugs register here (attnlib.audit.cache), so that one report reads both
+_EXTRA_BUGS: dict[str, Bug] = {}
+
+
+def _bug(name: str) -> Bug:
+    return _BY_NAME[name] if name in _BY_NAME else _EXTRA_BUGS[name]
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    """What :func:`diagnose` found.
+
+    - ``ok``: your outputs match the reference's to within ``rtol`` on every probe (a query
+      whose keys are all blocked may return any of the conventions in ``blocked_rows``).
+    - ``bugs``: every catalogue name of the explanations that fit (one bug, a pair, or all the
+      names of explanations the probes cannot tell apart); empty when ``ok`` and when nothing
+      in the catalogue explains your outputs.
+    - ``explanations``: every explanation of the smallest size that fits; more than one when
+      the probes cannot tell the bugs apart for this reference (``tie`` says why, and which
+      sizes would separate them).
+    - ``max_error``: the worst relative error over all probes (``inf`` for NaN or inf).
+    - ``errors``: the worst relative error per kind of probe (``"no mask"``, ``"causal"``,
+      ``"random mask"``, ``"blocked row"``, ``"large scores"``, ``"padding"``, ...).
+    - ``undetectable``: bugs that compute the same numbers as the right layer for this
+      reference (e.g. ``scale_by_d_model`` with one head), so no test with it can see them.
+    - ``blocked_rows``: what your module returns for a query whose keys are all blocked
+      (a convention, not a bug: ``"zeros"``, ``"NaN"``, ``"mean of values"``, ``"as if
+      unmasked"``), or ``None`` when no probe had such a query or nothing fits.
+    - ``dtype``, ``reference_dtype``: of your outputs and of the reference.
+    - ``raised``: the kinds of probe on which your forward raised (an explanation must raise
+      there too), with the error.
+    """
+
+    ok: bool
+    bugs: tuple[str, ...]
+    explanations: tuple[tuple[str, ...], ...]
+    max_error: float
+    errors: Mapping[str, float]
+    undetectable: tuple[str, ...]
+    rtol: float
+    num_heads: int
+    blocked_rows: str | None = None
+    dtype: str = ""
+    reference_dtype: str = ""
+    tie: str = ""
+    raised: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    hint: str = ""
+
+    def __str__(self) -> str:
+        if self.ok:
+            lines = [f"OK: matches the reference to within {_fmt(self.rtol)} (relative) on every probe"]
+        else:
+            per_kind = ", ".join(f"{k} {_fmt(v) if v > self.rtol else 'ok'}" for k, v in self.errors.items())
+            lines = [f"WRONG: worst relative error {_fmt(self.max_error)} ({per_kind})"]
+        if self.dtype and self.dtype != self.reference_dtype:
+            lines.append(
+                f"dtypes: your module returns {self.dtype}, the reference is {self.reference_dtype}; "
+                f"compared at the coarser one's rounding tolerance, {_fmt(self.rtol)}"
+            )
+        if self.blocked_rows is not None:
+            lines.append(f"a query with every key blocked gets, in your module: {self.blocked_rows} "
+                         "(a convention, not a bug)")
+        for kind, err in self.raised.items():
+            lines.append(f"your forward raised on the {kind} probes: {err}")
+        if self.undetectable:
+            lines.append(
+                f"note: with h = {self.num_heads} and these weights, these bugs compute the same "
+                f"numbers as the right layer and cannot be seen: {', '.join(self.undetectable)}"
+            )
+        if self.ok:
+            return _wrap(lines)
+        if not self.explanations:
+            lines.append("no bug of the catalogue, alone or in a pair, explains these numbers;")
+            lines.append(self.hint)
+            return _wrap(lines)
+        several = len(self.explanations) > 1
+        if several:
+            alts = "; ".join(" + ".join(e) for e in self.explanations)
+            lines.append(f"the probes cannot tell these explanations apart (look for each): {alts}")
+            lines.append(f"why: {self.tie}")
+        for i, explanation in enumerate(self.explanations, 1):
+            for name in explanation:
+                bug = _bug(name)
+                lines.append(f"{f'({i}) ' if several else ''}bug {name}: {bug.description}")
+                lines.append(f"  look for: {bug.look_for}")
+                lines.append(f"  write:    {bug.fix}")
+                if bug.note:
+                    lines.extend(textwrap.wrap(bug.note, 78, initial_indent="  note: ", subsequent_indent="    "))
+        return _wrap(lines)
+
+
+def _wrap(lines: list[str], width: int = 78) -> str:
+    """Lines of prose wrapped to ``width``; the code lines (indented) kept whole."""
+    return "\n".join(
+        line if line.startswith("  ") else textwrap.fill(line, width, subsequent_indent="  ")
+        for line in lines
+    )
+
+
+def _fmt(e: float) -> str:
+    return "inf" if math.isinf(e) else f"{e:.2g}"
+
+
+def _hint(errors: Mapping[str, float], rtol: float) -> str:
+    """What to look at when no bug of the catalogue explains the numbers."""
+    wrong = {k for k, e in errors.items() if e > rtol}
+    if wrong == {"large scores"}:
+        return ("right except with large scores: a finite mask value (-1e4 or -1e5 added, say) loses to "
+                "scores this far apart; fill with float('-inf') or torch.finfo(dtype).min.")
+    if wrong == {"blocked row"}:
+        return ("right except for the query whose keys are all blocked: it returns neither zeros, NaN, "
+                "the mean of the values nor the unmasked softmax there.")
+    if wrong and wrong <= {"steps"}:
+        return "the prefill is right, the one-token steps are not: look at how the cache is updated and read."
+    if any(k in errors and errors[k] <= rtol for k in ("no mask", "no padding")):
+        return "right without a mask, wrong with one: look at how the mask is applied."
+    if any(math.isinf(e) for e in errors.values()):
+        return "NaN or inf in your output: look for a softmax over a row of -inf, or an overflow."
+    return (
+        "wrong even without a mask, so not (only) the mask: compare your attention weights with "
+        "reference(x, x, x, mask=mask)[1], of shape (B, h, n, n), then the other steps."
+    )
