@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from attnlib import KVCache, MultiHeadAttention
 from attnlib.audit import CACHE_BUGS, diagnose_cache
+from attnlib.decoding import DecoderAttention
 from attnlib.interop import read_llama
 
 
@@ -152,7 +153,7 @@ def test_cache_errors_are_clear() -> None:
 
 
 def test_a_reference_with_another_forward_is_refused_by_the_cache_check() -> None:
-    class Shifted(MultiHeadAttention):
+    class Shifted(DecoderAttention):  # grouped heads and RoPE: chapter 8's subclass
         def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             out, w = super().forward(*args, **kwargs)
             return out + 1.0, w
