@@ -7,6 +7,13 @@ of the cores instead, and the notebook kernels it starts inherit the same limit 
 ``OMP_NUM_THREADS`` (set before any kernel starts). Outputs do not depend on it: the
 chapters print no number that a thread count can change (CI checks them with one thread
 and with the native setting).
+
+Hypothesis runs under one of two profiles: ``ci`` (the default, and what CI and
+``make test`` use) gives every property test the example count its file names
+(``strategies.examples``); ``dev`` gives each a tenth of it (at least one), for a quick
+run while editing: ``pytest --hypothesis-profile=dev`` or ``HYPOTHESIS_PROFILE=dev``.
+With ``CI`` set (GitHub Actions, .ci/run) the environment variable is ignored and only
+an explicit ``--hypothesis-profile`` chooses another profile.
 """
 
 from __future__ import annotations
@@ -14,6 +21,14 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# max_examples is the base the per-test counts are scaled from (strategies.examples):
+# 100 under ci, hypothesis's own default, so a test that names no count keeps it.
+settings.register_profile("ci", max_examples=100, print_blob=True)
+settings.register_profile("dev", max_examples=10)
+_ON_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
+settings.load_profile("ci" if _ON_CI else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _threads_per_worker() -> int | None:

@@ -13,11 +13,12 @@ import hypothesis.strategies as st
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 
 from attnlib.attention import attention, masked_softmax
+from strategies import examples
 
-FAST = settings(max_examples=40, deadline=None)
+FAST = examples(40)
 
 # float32 against a float64 reference, and float64 against float64 (same maths, other kernel)
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlib import LatentAttention, LatentCache
@@ -25,10 +25,7 @@ from attnlib.decoding import (
     rope_rotation,
     rotate_half,
 )
-
-DTYPE = torch.float64
-TOL = {"atol": 1e-10, "rtol": 1e-8}
-SETTINGS = settings(max_examples=25, deadline=None)
+from strategies import DTYPE, SETTINGS, TOL
 
 
 def _randn(*shape: int, seed: int = 0, dtype: torch.dtype = DTYPE) -> torch.Tensor:
