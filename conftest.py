@@ -39,6 +39,8 @@ def _threads_per_worker() -> int | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers it too; here as well for a run without xdist (-p no:xdist)
+    config.addinivalue_line("markers", "xdist_group(name): run the tests of one group on one xdist worker")
     threads = _threads_per_worker()
     if threads is None:
         return
@@ -47,3 +49,30 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# ---- scheduling under pytest-xdist (--dist loadgroup, pyproject.toml) ---------------------
+# One group per notebook and per test file: a notebook's cells run in order on one worker
+# (they share its kernel), a test file's module fixtures are made once. The groups start
+# longest first, so that no slow notebook is left to start last while the other workers
+# idle; the rest keep their collection order. The slowest files today, longest first:
+SLOWEST_FIRST = (
+    "chapters/06_real_model.ipynb",
+    "chapters/07_phone_book_learned.ipynb",
+    "chapters/03_many_heads.ipynb",
+    "chapters/05_fused_vs_separate.ipynb",
+    "chapters/09_is_my_attention_right.ipynb",
+    "chapters/08_two_matrices_today.ipynb",
+    "tests/test_book_browser.py",
+)
+
+
+def _group(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]  # the notebook or the test file, relative to the rootdir
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: files keep their order inside
