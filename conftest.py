@@ -7,6 +7,13 @@ of the cores instead, and the notebook kernels it starts inherit the same limit 
 ``OMP_NUM_THREADS`` (set before any kernel starts). Outputs do not depend on it: the
 chapters print no number that a thread count can change (CI checks them with one thread
 and with the native setting).
+
+Hypothesis runs under one of two profiles: ``ci`` (the default, and what CI and
+``make test`` use) gives every property test the example count its file names
+(``strategies.examples``); ``dev`` gives each a tenth of it (at least one), for a quick
+run while editing: ``pytest --hypothesis-profile=dev`` or ``HYPOTHESIS_PROFILE=dev``.
+With ``CI`` set (GitHub Actions, .ci/run) the environment variable is ignored and only
+an explicit ``--hypothesis-profile`` chooses another profile.
 """
 
 from __future__ import annotations
@@ -14,6 +21,14 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# max_examples is the base the per-test counts are scaled from (strategies.examples):
+# 100 under ci, hypothesis's own default, so a test that names no count keeps it.
+settings.register_profile("ci", max_examples=100, print_blob=True)
+settings.register_profile("dev", max_examples=10)
+_ON_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
+settings.load_profile("ci" if _ON_CI else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _threads_per_worker() -> int | None:
@@ -24,6 +39,8 @@ def _threads_per_worker() -> int | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist registers it too; here as well for a run without xdist (-p no:xdist)
+    config.addinivalue_line("markers", "xdist_group(name): run the tests of one group on one xdist worker")
     threads = _threads_per_worker()
     if threads is None:
         return
@@ -32,3 +49,30 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+# ---- scheduling under pytest-xdist (--dist loadgroup, pyproject.toml) ---------------------
+# One group per notebook and per test file: a notebook's cells run in order on one worker
+# (they share its kernel), a test file's module fixtures are made once. The groups start
+# longest first, so that no slow notebook is left to start last while the other workers
+# idle; the rest keep their collection order. The slowest files today, longest first:
+SLOWEST_FIRST = (
+    "chapters/06_real_model.ipynb",
+    "chapters/07_phone_book_learned.ipynb",
+    "chapters/03_many_heads.ipynb",
+    "chapters/05_fused_vs_separate.ipynb",
+    "chapters/09_is_my_attention_right.ipynb",
+    "chapters/08_two_matrices_today.ipynb",
+    "tests/test_book_browser.py",
+)
+
+
+def _group(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]  # the notebook or the test file, relative to the rootdir
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: files keep their order inside

@@ -5,7 +5,9 @@ converted with ``attnlib.interop``), every variant's output (and attention weigh
 and input gradient when timing the backward pass) is checked against attnlib's
 **before** anything is timed, and times are **medians of interleaved rounds**: each
 round runs every variant once, in turn, so a slow spell on a shared machine hits all
-variants alike. Ratios are also given as the median of per-round ratios against
+variants alike. Each of those runs is one call timed by ``torch.utils.benchmark.Timer``,
+which warms the variant up (two untimed calls) just before it and runs both with the
+requested number of torch threads. Ratios are also given as the median of per-round ratios against
 ``torch.nn.MultiheadAttention`` returning the same thing (weights or not).
 
 Variants (self-attention, ``query is key is value``):
@@ -90,6 +92,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils import benchmark
+from torch.utils.benchmark.utils.timer import timer as wall_clock
 
 try:
     import attnlib  # noqa: F401
@@ -207,9 +211,18 @@ def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
     }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def timed_once(fn: Callable[[], object], clock: Callable[[], float], threads: int, setup: str = "pass",
+               **names: object) -> float:
+    """Seconds of one call of ``fn`` after a warm-up, by ``torch.utils.benchmark.Timer``.
+
+    The Timer runs ``setup`` (untimed), then warms up with two calls, runs ``setup`` again
+    and times one call, all with ``threads`` torch threads (restored afterwards); ``clock``
+    reads the time (``wall_clock`` synchronises an accelerator before each reading). One
+    call per measurement, so that the callers can interleave the variants round by round
+    and take medians over the rounds themselves. ``names``: more globals for ``setup``.
+    """
+    timer = benchmark.Timer(stmt="fn()", setup=setup, globals={"fn": fn, **names}, timer=clock, num_threads=threads)
+    return timer.timeit(number=1).times[0]
 
 
 def make_step(v: Variant, x: Tensor, mode: str) -> Callable[[], tuple[Tensor, Tensor | None]]:
@@ -273,9 +286,10 @@ def forward_gflop(B: int, n: int, d: int) -> float:
 
 def time_config(
     B: int, n: int, d: int, h: int, mode: str, names: list[str], rounds: int,
-    device: torch.device, dtype: torch.dtype, clock: Callable[[], float], seed: int = 0,
+    device: torch.device, dtype: torch.dtype, clock: Callable[[], float], threads: int, seed: int = 0,
 ) -> dict[str, list[float]]:
-    """Per-round times (seconds) of each variant, interleaved, after checking agreement."""
+    """Per-round times (seconds) of each variant, interleaved, after checking agreement;
+    each one call after a warm-up, with ``threads`` torch threads (:func:`timed_once`)."""
     torch.manual_seed(seed)
     mha = MultiHeadAttention(d, h, device=device, dtype=dtype)
     variants = build_variants(mha)
@@ -286,18 +300,11 @@ def time_config(
     check_agreement(variants, x, mode, names)
     steps = {name: make_step(variants[name], x, mode) for name in names}
     steps[GEMM] = reference_gemm(device, dtype)
-    for step in steps.values():  # warm-up
-        step()
-        step()
     times: dict[str, list[float]] = {name: [] for name in steps}
     for r in range(rounds):
         order = list(steps)[r % len(steps):] + list(steps)[: r % len(steps)]  # rotate who goes first
         for name in order:
-            _sync(device)
-            t = clock()
-            steps[name]()
-            _sync(device)
-            times[name].append(clock() - t)
+            times[name].append(timed_once(steps[name], clock, threads))
     return times
 
 
@@ -388,9 +395,12 @@ def _decode_call(module: nn.Module, facts: dict[str, object], x: Tensor, cache: 
 
 def time_decoding(
     B: int, n_ctx: int, d: int, h: int, rounds: int, device: torch.device, dtype: torch.dtype,
-    clock: Callable[[], float], d_c: int, d_r: int, seed: int = 0,
+    clock: Callable[[], float], threads: int, d_c: int, d_r: int, seed: int = 0,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, object]]]:
-    """Per-round times of a decoding step and of a prefill, for every variant, interleaved."""
+    """Per-round times of a decoding step and of a prefill, for every variant, interleaved;
+    each one call after a warm-up, with ``threads`` torch threads (:func:`timed_once`). A
+    step reads a cache prefilled with ``n_ctx`` positions (untimed, afresh for the timed
+    call), a prefill starts from an empty cache."""
     from attnlib import KVCache, LatentAttention, LatentCache
 
     torch.manual_seed(seed)
@@ -425,36 +435,32 @@ def time_decoding(
             facts_out[name] = dict(variants[name][1])
             facts_out[name]["cache_bytes_per_token"] = c.nbytes // (B * n_ctx)  # type: ignore[attr-defined]
         times: dict[str, dict[str, list[float]]] = {"decode_step": {n: [] for n in variants}, "prefill": {n: [] for n in variants}}
-        for r in range(rounds + 1):  # round 0 is a warm-up
+        for r in range(rounds):
             names = list(variants)
             names = names[r % len(names):] + names[: r % len(names)]
             for name in names:
                 module, facts = variants[name]
-                cache = prefilled(name)
-                _sync(device)
-                t = clock()
-                _decode_call(module, facts, step_x, cache)
-                _sync(device)
-                step_t = clock() - t
-                cache = fresh_cache(module)
-                _sync(device)
-                t = clock()
-                _decode_call(module, facts, prompt, cache)
-                _sync(device)
-                prefill_t = clock() - t
-                if r:
-                    times["decode_step"][name].append(step_t)
-                    times["prefill"][name].append(prefill_t)
+                box: list[object] = []  # the prefilled cache of the call to time, made by the untimed setup
+
+                def step(module: nn.Module = module, facts: dict[str, object] = facts, box: list[object] = box) -> Tensor:
+                    return _decode_call(module, facts, step_x, box[0])
+
+                def prefill(module: nn.Module = module, facts: dict[str, object] = facts) -> Tensor:
+                    return _decode_call(module, facts, prompt, fresh_cache(module))
+
+                times["decode_step"][name].append(timed_once(
+                    step, clock, threads, setup="box[:] = [prefilled(name)]", box=box, prefilled=prefilled, name=name))
+                times["prefill"][name].append(timed_once(prefill, clock, threads))
     return times, facts_out
 
 
 def run_decoding(
     B: int, n_ctx: int, d: int, h: int, rounds: int, device: torch.device, dtype: torch.dtype,
-    clock_name: str, out: Path, d_c: int, d_r: int,
+    clock_name: str, threads: int, out: Path, d_c: int, d_r: int,
 ) -> list[dict[str, object]]:
     """Time the decoding variants, print a table and write ``out`` (CSV)."""
-    clock = time.process_time if clock_name == "cpu" else time.perf_counter
-    times, facts = time_decoding(B, n_ctx, d, h, rounds, device, dtype, clock, d_c, d_r)
+    clock = time.process_time if clock_name == "cpu" else wall_clock
+    times, facts = time_decoding(B, n_ctx, d, h, rounds, device, dtype, clock, threads, d_c, d_r)
     date = datetime.date.today().isoformat()
     rows: list[dict[str, object]] = []
     for mode, per_variant in times.items():
@@ -463,7 +469,7 @@ def run_decoding(
             q1, med, q3 = statistics.quantiles(ts, n=4) if len(ts) > 1 else (ts[0], ts[0], ts[0])
             ratios = [a / b for a, b in zip(ts, ref)]
             row = {
-                "device": device.type, "threads": torch.get_num_threads(), "clock": clock_name,
+                "device": device.type, "threads": threads, "clock": clock_name,
                 "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "mode": mode,
                 "B": B, "n_ctx": n_ctx, "d_model": d, "h": h, "variant": name,
                 "num_kv_heads": facts[name]["num_kv_heads"], "d_c": facts[name]["d_c"], "d_r": facts[name]["d_r"],
@@ -518,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per configuration")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the timed calls (CPU)")
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="cpu = process CPU time (CPU only)")
     p.add_argument("--target", action="store_true", help="only B=8, n=256, d=512, h=8: attnlib vs torch MHA")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds: a smoke test")
@@ -537,14 +543,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clock cpu sums the CPU time of all the process's threads: use it with --threads 1")
     kind = "decoding" if a.decoding else "target" if a.target else "sweep"
     out = output_path(p, a, f"{device.type}_{kind}.csv")
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    # the timed calls run with this many threads (torch.utils.benchmark.Timer sets and restores it)
+    threads = a.threads or torch.get_num_threads()
     dtype = getattr(torch, a.dtype)
-    clock = time.process_time if a.clock == "cpu" else time.perf_counter
+    clock = time.process_time if a.clock == "cpu" else wall_clock
     if a.decoding:
         n_ctx, rounds = (32, 2) if a.quick else (a.n_ctx, a.rounds)
         d_model, h = (64, 4) if a.quick else (a.d_model, a.heads_at_lengths)
-        run_decoding(a.batch, n_ctx, d_model, h, rounds, device, dtype, a.clock, out, d_c=d_model // 4, d_r=d_model // (2 * h))
+        run_decoding(a.batch, n_ctx, d_model, h, rounds, device, dtype, a.clock, threads, out,
+                     d_c=d_model // 4, d_r=d_model // (2 * h))
         return 0
     names = list(a.variants)
     for needed in ("attnlib", "torch_mha", "torch_mha_noweights"):
@@ -565,13 +572,12 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     if device.type == "cpu":
         name = f"{name}, {os.cpu_count()} logical CPUs"
-    threads = torch.get_num_threads()
     print(f"{name}; torch {torch.__version__}; {threads} threads; clock {a.clock}")
     rows: list[dict[str, object]] = []
     date = datetime.date.today().isoformat()
     for mode in a.modes:
         for n, h in configs:
-            times = time_config(a.batch, n, a.d_model, h, mode, names, a.rounds, device, dtype, clock)
+            times = time_config(a.batch, n, a.d_model, h, mode, names, a.rounds, device, dtype, clock, threads)
             gflop = forward_gflop(a.batch, n, a.d_model) * (3 if mode == "train" else 1)
             meta = {"device": device.type, "device_name": name, "threads": threads, "clock": a.clock,
                     "dtype": a.dtype, "torch": torch.__version__, "mode": mode, "B": a.batch, "n": n,

@@ -13,11 +13,13 @@ import hypothesis.strategies as st
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 from attnlib.attention import attention, masked_softmax
+from strategies import examples
 
-FAST = settings(max_examples=40, deadline=None)
+FAST = examples(40)
 
 # float32 against a float64 reference, and float64 against float64 (same maths, other kernel)
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -45,23 +47,24 @@ def reference_output(q, k, v, mask, scale):
 
 @st.composite
 def attention_problems(draw, with_mask: bool = True):
-    """Random shapes (batch dims that broadcast), data from a seeded generator, a mask
-    with at least one True per query, and sometimes a custom scale."""
-    batch = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2))
+    """Random shapes (batch dims of q, k and v that broadcast, each with 0 to 2 dims),
+    data from a seeded generator, a mask with at least one True per query, and
+    sometimes a custom scale."""
+    batch = draw(mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=2, max_side=3))
+    (batch_q, batch_k, batch_v), full = batch.input_shapes, list(batch.result_shape)
     n_q, n_k = draw(st.integers(1, 5)), draw(st.integers(1, 6))
     d_k, d_v = draw(st.integers(1, 8)), draw(st.integers(1, 8))
 
-    def some_ones(dims: list[int]) -> list[int]:  # a broadcastable version of batch
+    def some_ones(dims: list[int]) -> list[int]:  # a version of dims that broadcasts to it
         flags = draw(st.lists(st.booleans(), min_size=len(dims), max_size=len(dims)))
         return [1 if f else d for d, f in zip(dims, flags)]
 
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    q = torch.randn(*some_ones(batch), n_q, d_k, generator=gen, dtype=torch.float64)
-    k = torch.randn(*some_ones(batch), n_k, d_k, generator=gen, dtype=torch.float64)
-    v = torch.randn(*some_ones(batch), n_k, d_v, generator=gen, dtype=torch.float64)
+    q = torch.randn(*batch_q, n_q, d_k, generator=gen, dtype=torch.float64)
+    k = torch.randn(*batch_k, n_k, d_k, generator=gen, dtype=torch.float64)
+    v = torch.randn(*batch_v, n_k, d_v, generator=gen, dtype=torch.float64)
     mask = None
     if with_mask and draw(st.booleans()):
-        full = list(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
         rows = n_q if draw(st.booleans()) else 1
         shape = (*some_ones(full)[len(full) - draw(st.integers(0, len(full))):], rows, n_k)
         mask = torch.rand(shape, generator=gen) < 0.5

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import re
 import shutil
@@ -530,3 +531,195 @@ def test_every_explorer_starts_with_labelled_native_controls_that_change_the_fig
             finally:
                 visit.close()
     assert not failed, "\n".join(failed)
+
+
+# ---- the numbers the explorers draw, against attnlib ---------------------------------------
+# Each explorer is driven through all of its views in the page (its own controls, their own
+# events), and what its script drew -- the bars' lengths and labels, the cells' opacities,
+# the read-out -- is compared with attnlib's computation from the data embedded in the page.
+
+_SHARPNESS_VIEWS = """root => {
+    const data = JSON.parse(root.querySelector('script.explorer-data').textContent);
+    const query = root.querySelector(`#${root.id}-query`), beta = root.querySelector(`#${root.id}-beta`);
+    const views = [];
+    for (let q = 0; q < data.queries.length; q++) {
+        query.value = String(q); query.dispatchEvent(new Event('change'));
+        for (let b = 0; b < data.betas.length; b++) {
+            beta.value = String(b); beta.dispatchEvent(new Event('input'));
+            const fig = root.querySelector('svg.explorer-figure');
+            views.push({q, b,
+                tracks: [...fig.querySelectorAll('rect.explorer-track')].map(r => +r.getAttribute('width')),
+                bars: [...fig.querySelectorAll('rect.explorer-bar')].map(r => +r.getAttribute('width')),
+                best: [...fig.querySelectorAll('rect.explorer-bar')].map(r => r.classList.contains('explorer-best')),
+                labels: [...fig.querySelectorAll('text.explorer-label')].map(t => t.textContent),
+                readout: root.querySelector('.explorer-readout').textContent});
+        }
+    }
+    return {data, views};
+}"""
+
+_HEADS_VIEWS = """([root, wanted]) => {
+    const data = JSON.parse(root.querySelector('script.explorer-data').textContent);
+    const choose = (name, value, event) => {
+        const c = root.querySelector(`#${root.id}-${name}`);
+        if (c.value !== String(value)) { c.value = String(value); c.dispatchEvent(new Event(event)); }
+    };
+    return wanted.map(([s, l, h, r]) => {
+        choose('sentence', s, 'change'); choose('layer', l, 'change');
+        choose('head', h, 'change'); choose('rank', r, 'input');
+        const links = root.querySelector('svg.explorer-lines');
+        return {s, l, h, r,
+            cells: [...root.querySelectorAll('svg.explorer-heat rect.explorer-cell')]
+                .map(c => c.getAttribute('fill-opacity')),
+            query: [...root.querySelectorAll('button.explorer-token')]
+                .findIndex(b => b.getAttribute('aria-pressed') === 'true'),
+            links: [...links.querySelectorAll('line.explorer-link')].map(x => x.getAttribute('stroke-width')),
+            labels: [...links.querySelectorAll('text.explorer-label')].map(t => t.textContent)};
+    });
+}"""
+
+
+def _heads_views(data: dict) -> list[list[int]]:
+    """The views of the heads explorer to check: every head of every layer and sentence at
+    rank 1 and at full rank (the indexing of the factors), and every rank of the default head
+    of each sentence (the truncation)."""
+    R, (l0, h0) = data["rank"], data["default"]
+    views = [[s, l, h, r] for s in range(len(data["tokens"])) for l in range(data["layers"])
+             for h in range(data["heads"]) for r in (1, R)]
+    views += [[s, l0, h0, r] for s in range(len(data["tokens"])) for r in range(2, R)]
+    return views
+
+
+def _check_sharpness(root_id: str, got: dict) -> list[str]:
+    """Chapter 1: softmax(beta K q) per query and beta (attnlib.attention in sharpness_explorer,
+    stored to 3 decimals) and the read alpha V, against the bars, labels and read-out drawn."""
+    import numpy as np
+    import torch
+
+    from attnlib import attention
+    from attnlib.explorers import from_rounded
+
+    data, failed = got["data"], []
+    n_q, n_b, n_k, d_v = len(data["queries"]), len(data["betas"]), len(data["keys"]), data["dv"]
+    weights = np.asarray(data["weights"], np.float64).reshape(n_q, n_b, n_k)  # (n_q, n_b, n_k)
+    reads = from_rounded(data["reads"]).reshape(n_q, n_b, d_v)
+    values = from_rounded(data["values"]).reshape(n_k, d_v)
+    # the reads are what attention computes with these weights: alpha V (up to the rounding stored)
+    w_t = torch.from_numpy(weights)
+    mixed = torch.einsum("qbk,kv->qbv", w_t, torch.from_numpy(values)).numpy()
+    slack = 0.0005 * np.abs(values).sum(0) + 10.0 ** data["reads"]["e"] + 10.0 ** data["values"]["e"] * n_k
+    if not np.all(np.abs(mixed - reads) <= slack):
+        failed.append(f"{root_id}: the embedded reads are not the weights times the values")
+    # and the weights are a distribution, as attnlib's softmax gives (rows sum to 1 up to rounding)
+    _, one = attention(torch.zeros(1, 1, dtype=torch.float64), torch.zeros(n_k, 1, dtype=torch.float64),
+                       torch.zeros(n_k, 1, dtype=torch.float64))  # uniform: 1/n_k each
+    if not np.allclose(weights.sum(-1), float(one.sum()), atol=0.0005 * n_k):
+        failed.append(f"{root_id}: embedded weights do not sum to 1")
+    assert len(got["views"]) == n_q * n_b
+    for v in got["views"]:
+        q, b, w = v["q"], v["b"], weights[v["q"], v["b"]]
+        where = f"{root_id} query {data['queries'][q]}, beta {data['betas'][b]}"
+        drawn = np.asarray(v["bars"]) / np.asarray(v["tracks"])  # bar length / full length
+        if len(drawn) != n_k or not np.all(np.abs(drawn - w) <= 0.005 / np.asarray(v["tracks"]) + 1e-12):
+            failed.append(f"{where}: bars {drawn.round(4).tolist()} != weights {w.tolist()}")
+        labels = v["labels"][1::2]  # key name, its weight, key name, ...
+        if v["labels"][0::2] != data["keys"] or labels != [f"{x:.3f}" for x in w]:
+            failed.append(f"{where}: labels {v['labels']} != keys and weights {w.tolist()}")
+        best = int(np.argmax(w))
+        if v["best"] != [j == best for j in range(n_k)]:
+            failed.append(f"{where}: the highlighted bar is not key {data['keys'][best]}")
+        m = re.search(r"reads \[([^\]]*)\]; the most weight, ([\d.]+), is on (.+), whose value is \[([^\]]*)\]\.$",
+                      v["readout"])
+        if not m:
+            failed.append(f"{where}: unexpected read-out {v['readout']!r}")
+            continue
+        shown = np.asarray([float(x) for x in m.group(1).split(", ")])
+        if not np.all(np.abs(shown - reads[q, b]) <= 0.005 + 1e-9) or float(m.group(2)) != round(w[best], 3) \
+                or m.group(3) != data["keys"][best] \
+                or [float(x) for x in m.group(4).split(", ")] != [round(x) for x in values[best]]:
+            failed.append(f"{where}: read-out {v['readout']!r}, expected reads {reads[q, b].tolist()}")
+    return failed
+
+
+def _check_heads(root_id: str, got: dict) -> list[str]:
+    """Chapter 6: softmax(P_r K_r^T + 1 c^T) from the embedded factors, computed by
+    attnlib.attention (queries [P_r | 1] with the columns from r on zeroed, keys [K | c],
+    scale 1), against every cell of the drawn map and the line weights of the reading token."""
+    import numpy as np
+    import torch
+
+    from attnlib import attention
+    from attnlib.explorers import from_rounded
+
+    data, failed = got["data"], []
+    R = data["rank"]
+
+    @functools.cache
+    def maps(s: int) -> np.ndarray:
+        """Every head's map at every rank r = 1..R for sentence s: (layers, heads, R, t, t)."""
+        t, per_layer = len(data["tokens"][s]), data["sentences"][s]
+        factors = {f: torch.from_numpy(np.stack([[from_rounded(e[f]) for e in heads] for heads in per_layer]))
+                   for f in "pkc"}  # (L, H, t*R) for p and k, (L, H, t) for c
+        p = factors["p"].unflatten(-1, (t, R))  # (L, H, t, R)
+        k = factors["k"].unflatten(-1, (t, R))  # (L, H, t, R)
+        keep = (torch.arange(R)[None, :] < torch.arange(1, R + 1)[:, None]).double()  # (R, R): rank r keeps a < r
+        ones = torch.ones(*p.shape[:2], R, t, 1, dtype=torch.float64)
+        q = torch.cat([p[:, :, None] * keep[:, None, :], ones], -1)  # (L, H, R, t, R+1)
+        keys = torch.cat([k, factors["c"][..., None]], -1)[:, :, None]  # (L, H, 1, t, R+1)
+        _, w = attention(q, keys, torch.eye(t, dtype=torch.float64), scale=1.0)  # (L, H, R, t, t)
+        return w.numpy()
+
+    for v in got["views"]:
+        s, l, h, r = v["s"], v["l"], v["h"], v["r"]
+        toks = data["tokens"][s]
+        t = len(toks)
+        where = f"{root_id} sentence {s}, layer {l}, head {h}, rank {r}"
+        a = maps(s)[l, h, r - 1]  # (t, t)
+        cells = np.asarray([float(x) for x in v["cells"]]).reshape(t, t)
+        if cells.shape != (t, t) or not np.all(np.abs(cells - a) <= 0.0005 + 1e-9):
+            failed.append(f"{where}: drawn map differs from attnlib's by {np.abs(cells - a).max():.4f}")
+        q = v["query"]
+        labels = [f"{tok} {x:.2f}" for tok, x in zip(toks, a[q])]
+        # per token: its name in the "reads" column, then "<token> <weight to 2 decimals>" in
+        # the "from" column (the JS and Python roundings may differ at a tie)
+        if v["labels"][0::2] != toks or len(v["labels"]) != 2 * t:
+            failed.append(f"{where}: line labels {v['labels']} do not name the tokens {toks}")
+        for shown, want, x in zip(v["labels"][1::2], labels, a[q]):
+            tok, num = shown.rsplit(" ", 1)
+            if tok != want.rsplit(" ", 1)[0] or abs(float(num) - x) > 0.005 + 1e-9:
+                failed.append(f"{where}: line label {shown!r}, expected {want!r}")
+        widths = np.asarray([float(x) for x in v["links"]])
+        if not np.all(np.abs(widths - (0.5 + 7 * a[q])) <= 0.005 + 1e-9):
+            failed.append(f"{where}: line widths {widths.tolist()} do not follow the weights {a[q].tolist()}")
+    return failed
+
+
+def test_the_explorers_draw_attnlibs_numbers(browser: object, site: str, explorer_pages: dict[str, list[str]]) -> None:
+    """Every view of every explorer: the numbers its script draws are attnlib's."""
+    failed: list[str] = []
+    checked = set()
+    for name, ids in explorer_pages.items():
+        visit = PageVisit(browser, urljoin(site, f"{name}.html")).ready()
+        try:
+            for root_id in ids:
+                root = visit.page.locator(f"#{root_id}")
+                visit.page.wait_for_function(
+                    "id => document.getElementById(id).classList.contains('explorer-ready')",
+                    arg=root_id, timeout=10000)
+                kind = root.get_attribute("data-explorer")
+                if kind == "sharpness":
+                    failed += _check_sharpness(root_id, root.evaluate(_SHARPNESS_VIEWS))
+                elif kind == "heads":
+                    data = json.loads(root.evaluate("r => r.querySelector('script.explorer-data').textContent"))
+                    wanted = _heads_views(data)
+                    views = visit.page.evaluate(_HEADS_VIEWS, [root.element_handle(), wanted])
+                    assert [[v[x] for x in "slhr"] for v in views] == wanted
+                    failed += _check_heads(root_id, {"data": data, "views": views})
+                else:
+                    failed.append(f"{name}: {root_id}: no numeric check for explorer kind {kind!r}")
+                checked.add(kind)
+            assert not visit.errors, f"{name}: console errors: {visit.errors[:5]}"
+        finally:
+            visit.close()
+    assert checked >= {"sharpness", "heads"}, checked
+    assert not failed, "\n".join(failed[:20]) + (f"\n... and {len(failed) - 20} more" if len(failed) > 20 else "")

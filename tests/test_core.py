@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlib import FactoredMatrix, MultiHeadAttention, SeparateHeadsAttention, attention
@@ -25,8 +25,9 @@ from attnlib._core import (
     split_qkv,
 )
 from attnlib.lowrank import qk_circuit
+from strategies import examples
 
-FAST = settings(max_examples=20, deadline=None)
+FAST = examples(20)
 
 
 def test_format_shape() -> None:

@@ -2,15 +2,18 @@
 
 RoPE is checked against Hugging Face's own Llama functions (``rotate_half``,
 ``apply_rotary_pos_emb``, ``LlamaRotaryEmbedding``) and for its defining property:
-the scores depend on the offset only. MLA is checked two ways (naive == absorbed)
-and against decoding with its cache. Every error path has a test.
+the scores depend on the offset only. MLA is checked against a literal, head-by-head
+reading of DeepSeek-V2's equations (every path: naive, absorbed, fused, cached), two ways
+against itself (naive == absorbed) and against decoding with its cache. Every error path has a test.
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlib import LatentAttention, LatentCache
@@ -25,10 +28,7 @@ from attnlib.decoding import (
     rope_rotation,
     rotate_half,
 )
-
-DTYPE = torch.float64
-TOL = {"atol": 1e-10, "rtol": 1e-8}
-SETTINGS = settings(max_examples=25, deadline=None)
+from strategies import DTYPE, SETTINGS, TOL
 
 
 def _randn(*shape: int, seed: int = 0, dtype: torch.dtype = DTYPE) -> torch.Tensor:
@@ -227,6 +227,127 @@ def test_mla_absorbed_matrices_are_the_products() -> None:
         w_uv_i = mla.w_uv[:, i * d_k : (i + 1) * d_k]  # (d_c, d_v)
         torch.testing.assert_close(mla.w_o_absorbed[i], w_uv_i @ mla.w_o[i * d_k : (i + 1) * d_k], **TOL)
     assert mla.w_q_absorbed.shape == (h, 12, d_c) and mla.w_o_absorbed.shape == (h, d_c, 12)
+
+
+# ---- MLA against DeepSeek-V2's equations, head by head --------------------------------------
+#
+# DeepSeek-AI (2024), "DeepSeek-V2", arXiv:2405.04434, section 2.1, written with column
+# vectors (W h); attnlib stores every weight (d_in, d_out) and computes h @ W, so the
+# paper's W x reads x @ W below. With h_t the input of token t:
+#   c^KV_t = W^DKV h_t,  k^C_t = W^UK c^KV_t,  v^C_t = W^UV c^KV_t,  k^R_t = RoPE(W^KR h_t)
+#   c^Q_t = W^DQ h_t,    q^C_t = W^UQ c^Q_t,   q^R_t = RoPE(W^QR c^Q_t)
+#   q_{t,i} = [q^C_{t,i}; q^R_{t,i}],  k_{j,i} = [k^C_{j,i}; k^R_j]  (k^R shared by all heads)
+#   o_{t,i} = sum_j softmax_j(q_{t,i} . k_{j,i} / sqrt(d_h + d_h^R)) v^C_{j,i}
+#   u_t = W^O [o_{t,1}; ...; o_{t,n_h}]
+# LatentAttention leaves out the queries' low-rank compression: c^Q_t = h_t (W^DQ = I),
+# so W^UQ is its w_q and W^QR its w_qr. The other names: W^DKV = w_dkv, W^UK = w_uk,
+# W^UV = w_uv, W^KR = w_kr, W^O = w_o; d_h = d_k, d_h^R = d_r, n_h = num_heads; head i
+# owns columns i*d_h:(i+1)*d_h of W^UQ and W^UK (i*d_h^R:.. of W^QR, i*d_v:.. of W^UV) and
+# rows i*d_v:(i+1)*d_v of W^O. RoPE turns the pairs (x_m, x_{m+d/2}) (the rotate-half
+# pairing of attnlib and of Hugging Face's DeepSeek-V2 port) by p * base^(-2m/d).
+
+
+def _rope_one(x: torch.Tensor, p: int, base: float) -> torch.Tensor:
+    """RoPE of one vector x (d,) at position p, one 2-D rotation per pair."""
+    d = x.shape[0]
+    out = x.clone()
+    for m in range(d // 2):
+        angle = p * base ** (-2 * m / d)
+        a, b = x[m], x[m + d // 2]
+        out[m] = a * math.cos(angle) - b * math.sin(angle)
+        out[m + d // 2] = b * math.cos(angle) + a * math.sin(angle)
+    return out
+
+
+def deepseek_v2_mla(
+    mla: LatentAttention, x: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The equations above, one token, head and key at a time, from ``mla``'s weights.
+
+    x: (B, t, d_model), positions 0..t-1; mask: bool, True = may attend, broadcast to
+    (B, h, t, t). Returns u (B, t, d_model) and the softmax weights (B, h, t, t)."""
+    B, t, _ = x.shape
+    n_h, d_h, d_hr, d_v = mla.num_heads, mla.d_k, mla.d_r, mla.d_v
+    allowed = torch.ones(B, n_h, t, t, dtype=torch.bool) if mask is None else mask.expand(B, n_h, t, t)
+    w_dq = torch.eye(mla.d_model, dtype=x.dtype)  # no query compression in LatentAttention
+    u = torch.zeros(B, t, mla.d_model, dtype=x.dtype)
+    weights = torch.zeros(B, n_h, t, t, dtype=x.dtype)
+    for b in range(B):
+        h = x[b]  # (t, d_model): h_1..h_t as rows
+        c_kv = [h[j] @ mla.w_dkv for j in range(t)]  # c^KV_j (d_c,)
+        k_r = [_rope_one(h[j] @ mla.w_kr, j, mla.rope_base) for j in range(t)]  # k^R_j (d_h^R,)
+        for s in range(t):  # the query token
+            c_q = h[s] @ w_dq  # c^Q_s (d_model,)
+            o = []
+            for i in range(n_h):
+                cols, rcols = slice(i * d_h, (i + 1) * d_h), slice(i * d_hr, (i + 1) * d_hr)
+                vcols = slice(i * d_v, (i + 1) * d_v)
+                q_c = c_q @ mla.w_q[:, cols]  # q^C_{s,i} = W^UQ_i c^Q_s
+                q_r = _rope_one(c_q @ mla.w_qr[:, rcols], s, mla.rope_base)  # q^R_{s,i}
+                q = torch.cat([q_c, q_r])  # (d_h + d_h^R,)
+                scores = []
+                for j in range(t):
+                    k = torch.cat([c_kv[j] @ mla.w_uk[:, cols], k_r[j]])  # [k^C_{j,i}; k^R_j]
+                    scores.append(torch.dot(q, k) / math.sqrt(d_h + d_hr))
+                keys = [j for j in range(t) if allowed[b, i, s, j]]
+                top = max(scores[j] for j in keys)
+                e = {j: torch.exp(scores[j] - top) for j in keys}
+                total = sum(e.values())
+                o_i = torch.zeros(d_v, dtype=x.dtype)
+                for j in keys:
+                    weights[b, i, s, j] = e[j] / total
+                    o_i = o_i + weights[b, i, s, j] * (c_kv[j] @ mla.w_uv[:, vcols])  # a_j v^C_{j,i}
+                o.append(o_i)
+            u[b, s] = torch.cat(o) @ mla.w_o  # W^O [o_{s,1}; ...; o_{s,n_h}]
+    return u, weights
+
+
+def _mask_of(kind: str, mla: LatentAttention, x: torch.Tensor) -> torch.Tensor | None:
+    B, t, _ = x.shape
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return causal_mask(t)
+    m = torch.rand(B, mla.num_heads, t, t, generator=torch.Generator().manual_seed(t)) < 0.5  # (B, h, t, t)
+    m[..., 0] = True  # every query keeps a key
+    return m
+
+
+@SETTINGS
+@given(mla_cases(), st.sampled_from(["none", "causal", "per_head"]))
+def test_mla_equals_the_deepseek_v2_equations(case: tuple[LatentAttention, torch.Tensor], kind: str) -> None:
+    """Naive and absorbed, with weights (attnlib's softmax) and without (PyTorch's SDPA)."""
+    mla, x = case
+    mask = _mask_of(kind, mla, x)
+    with torch.no_grad():
+        ref_out, ref_w = deepseek_v2_mla(mla, x, mask)
+        for absorb in (False, True):
+            out, w = mla(x, mask=mask, absorb=absorb)
+            torch.testing.assert_close(out, ref_out, **TOL)
+            torch.testing.assert_close(w, ref_w, **TOL)
+            out_f, _ = mla(x, mask=mask, need_weights=False, absorb=absorb)
+            torch.testing.assert_close(out_f, ref_out, **TOL)
+
+
+@SETTINGS
+@given(mla_cases(), st.integers(1, 5), st.booleans(), st.booleans())
+def test_mla_cached_decoding_equals_the_deepseek_v2_equations(
+    case: tuple[LatentAttention, torch.Tensor], prefill: int, absorb: bool, need_weights: bool
+) -> None:
+    """A prefill, then one token at a time through a LatentCache, equals the causal pass."""
+    mla, x = case
+    B, n, _ = x.shape
+    prefill = min(prefill, n)
+    with torch.no_grad():
+        ref_out, ref_w = deepseek_v2_mla(mla, x, causal_mask(n))
+        cache = LatentCache()
+        outs = []
+        for lo, hi in [(0, prefill), *((t, t + 1) for t in range(prefill, n))]:
+            out, w = mla(x[:, lo:hi], need_weights=need_weights, cache=cache, absorb=absorb)
+            if need_weights:
+                torch.testing.assert_close(w, ref_w[:, :, lo:hi, :hi], **TOL)
+            outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=1), ref_out, **TOL)
 
 
 def test_mla_rope_part_sees_relative_positions_only() -> None:

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra.numpy import arrays  # noqa: E402
 
@@ -26,6 +26,7 @@ from attnlib.explorers import (  # noqa: E402
     round_array,
     sharpness_explorer,
 )
+from strategies import examples  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +42,7 @@ def _data(html: str) -> dict:
 
 
 # ---- round_array ---------------------------------------------------------------------
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(arrays(np.float64, st.integers(1, 20),
               elements=st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False)),
        st.integers(1, 5))

@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from attnlib import AttentionWeights, MultiHeadAttention
+from attnlib import MultiHeadAttention
 from attnlib.interop import (
     read_conv1d,
     read_packed_linear,
@@ -25,29 +25,11 @@ from attnlib.interop import (
     write_separate_linear,
     write_torch_mha,
 )
+from strategies import assert_same_weights, examples, random_weights
 
 # (d_model, num_heads) with d_model divisible by num_heads, small enough to be fast
 dims = st.sampled_from([(4, 1), (4, 2), (6, 3), (8, 2), (8, 4), (12, 3), (16, 4)])
 seeds = st.integers(0, 2**16)
-
-
-def random_weights(d: int, bias: bool, seed: int) -> AttentionWeights:
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    b = (r(d), r(d), r(d), r(d)) if bias else (None, None, None, None)
-    return AttentionWeights(r(d, d), r(d, d), r(d, d), r(d, d), *b)
-
-
-def assert_same(a: AttentionWeights, b: AttentionWeights) -> None:
-    for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
-        x, y = getattr(a, name), getattr(b, name)
-        if x is None or y is None:
-            assert x is None and y is None, name
-        else:
-            assert torch.equal(x, y), name
 
 
 def causal(n: int) -> Tensor:
@@ -86,26 +68,26 @@ class Conv1DLike(nn.Module):
 # ---- round trips -------------------------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(dims, st.booleans(), seeds)
 def test_packed_linear_round_trip(dh: tuple[int, int], bias: bool, seed: int) -> None:
     w = random_weights(dh[0], bias, seed)
     layers = write_packed_linear(w)
     assert layers["c_attn"].weight.shape == (3 * dh[0], dh[0])
     pairs = {name: (lin.weight, lin.bias) for name, lin in layers.items()}
-    assert_same(read_packed_linear(**pairs), w)
+    assert_same_weights(read_packed_linear(**pairs), w)
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(dims, st.booleans(), seeds)
 def test_conv1d_round_trip(dh: tuple[int, int], bias: bool, seed: int) -> None:
     w = random_weights(dh[0], bias, seed)
     tensors = write_conv1d(w)
     assert tensors["c_attn"][0].shape == (dh[0], 3 * dh[0])
-    assert_same(read_conv1d(**tensors), w)
+    assert_same_weights(read_conv1d(**tensors), w)
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(dims, st.booleans(), seeds)
 def test_layouts_read_then_write_gives_the_stored_tensors(dh: tuple[int, int], bias: bool, seed: int) -> None:
     """The other direction: tensors in a layout -> attnlib -> the same tensors."""
@@ -145,7 +127,7 @@ def test_readers_copy() -> None:
 # ---- same function -----------------------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(dims, st.booleans(), seeds, st.integers(1, 5))
 def test_packed_linear_computes_attnlib_function(dh: tuple[int, int], bias: bool, seed: int, n: int) -> None:
     d, h = dh
@@ -158,7 +140,7 @@ def test_packed_linear_computes_attnlib_function(dh: tuple[int, int], bias: bool
     torch.testing.assert_close(ours, theirs)
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(dims, st.booleans(), seeds, st.integers(1, 5))
 def test_conv1d_layout_computes_attnlib_function(dh: tuple[int, int], bias: bool, seed: int, n: int) -> None:
     d, h = dh
@@ -189,10 +171,10 @@ def test_conv1d_layout_matches_transformers_conv1d() -> None:
         ours, _ = MultiHeadAttention.from_weights(w, h)(x, x, x, mask=causal(n))
         torch.testing.assert_close(ours, theirs)
         # and reading transformers' tensors back gives the weights we started from
-        assert_same(read_conv1d((c_attn.weight, c_attn.bias), (c_proj.weight, c_proj.bias)), w)
+        assert_same_weights(read_conv1d((c_attn.weight, c_attn.bias), (c_proj.weight, c_proj.bias)), w)
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(dims, st.booleans(), seeds)
 def test_every_layout_computes_the_same_outputs(dh: tuple[int, int], bias: bool, seed: int) -> None:
     """One set of weights written to every layout: five implementations, one function."""
@@ -215,7 +197,7 @@ def test_every_layout_computes_the_same_outputs(dh: tuple[int, int], bias: bool,
         torch.testing.assert_close(other, ours)
     # reading each layout back gives identical weights
     pairs = {r: (sep[r].weight, sep[r].bias) for r in "qkvo"}
-    assert_same(read_separate_linear(**pairs), w)  # type: ignore[arg-type]
+    assert_same_weights(read_separate_linear(**pairs), w)  # type: ignore[arg-type]
 
 
 # ---- errors ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
@@ -23,10 +23,9 @@ from attnlib.interop import (
     mask_from_padding,
     to_torch_mha_masks,
 )
+from strategies import DTYPE, TOL, examples
 
-DTYPE = torch.float64
-TOL = {"atol": 1e-10, "rtol": 1e-8}
-FAST = settings(max_examples=20, deadline=None)
+FAST = examples(20)
 
 
 def _mask(g: torch.Generator, *shape: int, p: float = 0.6) -> torch.Tensor:
@@ -36,9 +35,9 @@ def _mask(g: torch.Generator, *shape: int, p: float = 0.6) -> torch.Tensor:
     return m
 
 
+@FAST
 @given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4), seed=st.integers(0, 2**16),
        fill=st.sampled_from(["-inf", "min"]), dtype=st.sampled_from([torch.float32, torch.float64]))
-@FAST
 def test_additive_round_trip(shape: list[int], seed: int, fill: str, dtype: torch.dtype) -> None:
     mask = torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) < 0.5
     add = additive_mask(mask, dtype=dtype, fill=fill)
@@ -47,9 +46,9 @@ def test_additive_round_trip(shape: list[int], seed: int, fill: str, dtype: torc
     assert torch.equal(mask_from_additive(add), mask)
 
 
+@FAST
 @given(b=st.integers(1, 3), h=st.integers(1, 3), n_q=st.integers(1, 5), n_k=st.integers(1, 5),
        seed=st.integers(0, 2**16))
-@FAST
 def test_sdpa_bool_equals_additive(b: int, h: int, n_q: int, n_k: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, h, n, 3, generator=g, dtype=DTYPE) for n in (n_q, n_k, n_k))
@@ -68,9 +67,9 @@ def _torch_pair(d_model: int, h: int, seed: int) -> tuple[MultiHeadAttention, nn
     return ours, ours.to_torch().eval()
 
 
+@FAST
 @given(b=st.integers(1, 3), h=st.sampled_from([1, 2, 4]), n=st.integers(1, 5), seed=st.integers(0, 2**16),
        per=st.sampled_from(["shared", "sequence", "head", "both"]))
-@FAST
 def test_to_torch_mha_masks_matches_real_layer(b: int, h: int, n: int, seed: int, per: str) -> None:
     ours, theirs = _torch_pair(8, h, seed)
     g = torch.Generator().manual_seed(seed)
@@ -101,9 +100,9 @@ def test_three_d_head_order_is_batch_major() -> None:
     assert not torch.allclose(bad, ref)
 
 
+@FAST
 @given(b=st.integers(1, 3), h=st.sampled_from([1, 2]), n=st.integers(2, 5), seed=st.integers(0, 2**16),
        additive=st.booleans())
-@FAST
 def test_from_torch_mha_masks_combines_like_torch(b: int, h: int, n: int, seed: int, additive: bool) -> None:
     ours, theirs = _torch_pair(8, h, seed)
     g = torch.Generator().manual_seed(seed)
@@ -124,8 +123,8 @@ def test_from_torch_mha_masks_combines_like_torch(b: int, h: int, n: int, seed: 
     torch.testing.assert_close(got, ref, **TOL)
 
 
-@given(b=st.integers(1, 3), n=st.integers(1, 5), seed=st.integers(0, 2**16))
 @FAST
+@given(b=st.integers(1, 3), n=st.integers(1, 5), seed=st.integers(0, 2**16))
 def test_padding_masks(b: int, n: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     hf = (torch.rand(b, n, generator=g) < 0.6).long()
@@ -144,8 +143,8 @@ def _bert_self_attention(d_model: int, h: int):  # type: ignore[no-untyped-def]
     return transformers.models.bert.modeling_bert.BertSelfAttention(config).eval()
 
 
+@examples(8)
 @given(b=st.integers(1, 3), n=st.integers(1, 5), seed=st.integers(0, 2**16))
-@settings(max_examples=8, deadline=None)
 def test_hf_extended_mask_matches_real_bert(b: int, n: int, seed: int) -> None:
     torch.manual_seed(seed)
     layer = _bert_self_attention(8, 2)

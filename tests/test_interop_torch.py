@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
@@ -21,45 +21,25 @@ from attnlib.interop import (
     write_separate_linear,
     write_torch_mha,
 )
-
-DTYPE = torch.float64
-TOL = {"atol": 1e-10, "rtol": 1e-8}
-EXACT = {"atol": 0.0, "rtol": 0.0}
-NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
-
-
-def _random_weights(d_model: int, bias: bool, seed: int) -> AttentionWeights:
-    g = torch.Generator().manual_seed(seed)
-    w = [torch.randn(d_model, d_model, generator=g, dtype=DTYPE) for _ in range(4)]
-    b = [torch.randn(d_model, generator=g, dtype=DTYPE) if bias else None for _ in range(4)]
-    return AttentionWeights(*w, *b)
-
-
-def _assert_same(a: AttentionWeights, b: AttentionWeights) -> None:
-    for n in NAMES:
-        x, y = getattr(a, n), getattr(b, n)
-        assert (x is None) == (y is None), n
-        if x is not None:
-            torch.testing.assert_close(x, y, **EXACT)
-
+from strategies import DTYPE, EXACT, TOL, assert_same_weights, examples, random_weights
 
 sizes = st.tuples(st.integers(1, 4), st.integers(1, 4)).map(lambda t: (t[0] * t[1], t[0]))  # (d_model, h)
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(sizes, st.booleans(), st.booleans(), st.integers(0, 2**31 - 1))
 def test_torch_mha_round_trip(dh: tuple[int, int], bias: bool, batch_first: bool, seed: int) -> None:
     """weights -> torch layout -> weights is the identity; the torch module computes
     softmax((x W^Q)(y W^K)^T / sqrt(d_k)) (y W^V) W^O per head, like attnlib."""
     d_model, h = dh
-    w = _random_weights(d_model, bias, seed)
+    w = random_weights(d_model, bias, seed)
     m = write_torch_mha(w, h, batch_first=batch_first).eval()
     assert m.batch_first == batch_first and m.in_proj_weight.shape == (3 * d_model, d_model)
     # the packed layout, spelled out: [W^Q | W^K | W^V] transposed to (out, in)
     torch.testing.assert_close(m.in_proj_weight[:d_model], w.w_q.T, **EXACT)
     torch.testing.assert_close(m.in_proj_weight[2 * d_model :], w.w_v.T, **EXACT)
     torch.testing.assert_close(m.out_proj.weight, w.w_o.T, **EXACT)
-    _assert_same(read_torch_mha(m), w)
+    assert_same_weights(read_torch_mha(m), w)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(2, 3, d_model, generator=g, dtype=DTYPE)
     y = torch.randn(2, 5, d_model, generator=g, dtype=DTYPE)
@@ -70,21 +50,21 @@ def test_torch_mha_round_trip(dh: tuple[int, int], bias: bool, batch_first: bool
     torch.testing.assert_close(out_a, out_t, **TOL)
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(sizes, st.booleans(), st.integers(0, 2**31 - 1))
 def test_separate_linear_round_trip(dh: tuple[int, int], bias: bool, seed: int) -> None:
     """weights -> four nn.Linear -> weights is the identity, and the four layers with
     per-head attention between them compute what MultiHeadAttention computes."""
     d_model, h = dh
     d_k = d_model // h
-    w = _random_weights(d_model, bias, seed)
+    w = random_weights(d_model, bias, seed)
     layers = write_separate_linear(w)
     assert set(layers) == {"q", "k", "v", "o"}
     for name, lin in layers.items():
         torch.testing.assert_close(lin.weight, getattr(w, f"w_{name}").T, **EXACT)  # (out, in)
         assert (lin.bias is None) == (not bias)
     pairs = [(lin.weight, lin.bias) for lin in layers.values()]
-    _assert_same(read_separate_linear(*pairs), w)
+    assert_same_weights(read_separate_linear(*pairs), w)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(2, 4, d_model, generator=g, dtype=DTYPE)  # (B, n, d_model)
 
@@ -122,7 +102,7 @@ def test_torch_attn_mask_matches_torch() -> None:
 
 
 def test_error_weights_shape() -> None:
-    w = _random_weights(4, True, 0)
+    w = random_weights(4, True, 0)
     with pytest.raises(ValueError, match=r"w_k must have shape \(d_model, d_model\) = \(4, 4\), got \(4, 3\)"):
         AttentionWeights(w.w_q, w.w_k[:, :3], w.w_v, w.w_o)
     with pytest.raises(ValueError, match=r"b_o must have shape \(d_model,\) = \(4,\), got \(5,\)"):

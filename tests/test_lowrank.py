@@ -6,15 +6,16 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
 from attnlib.multihead import MultiHeadAttention
+from strategies import examples
 
 F64 = torch.float64
-FAST = settings(max_examples=30, deadline=None)
+FAST = examples(30)
 
 
 def _randn(gen: torch.Generator, *shape: int) -> torch.Tensor:

@@ -11,87 +11,14 @@ there, attnlib returns zero (tested separately, attnlib against attnlib).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import MultiHeadAttention, SeparateHeadsAttention
-
-DTYPE = torch.float64
-TOL = {"atol": 1e-10, "rtol": 1e-8}
-SETTINGS = settings(max_examples=25, deadline=None)
-
-
-# ---- strategies ---------------------------------------------------------------
-
-
-@dataclass
-class Case:
-    """One random problem: a seeded module, inputs and a mask (attnlib convention)."""
-
-    mha: MultiHeadAttention
-    query: Tensor  # (B, n_q, d_model)
-    key: Tensor  # (B, n_k, d_model)
-    value: Tensor  # (B, n_k, d_model)
-    mask: Tensor | None  # bool, True = may attend
-    mask_kind: str  # "none" | "padding" | "causal" | "per_head" | "padding+causal"
-
-    @property
-    def inputs(self) -> tuple[Tensor, Tensor, Tensor]:
-        return self.query, self.key, self.value
-
-
-def _make_mask(kind: str, B: int, h: int, n_q: int, n_k: int, g: torch.Generator) -> Tensor | None:
-    """A mask of the given kind; all but "random" let every query attend to some key."""
-    if kind == "none":
-        return None
-    lengths = torch.randint(1, n_k + 1, (B,), generator=g)  # real keys per sequence, >= 1
-    padding = (torch.arange(n_k) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, n_k)
-    causal = torch.ones(n_q, n_k, dtype=torch.bool).tril()  # (n_q, n_k), key 0 always allowed
-    if kind == "padding":
-        return padding
-    if kind == "causal":
-        return causal
-    if kind == "padding+causal":
-        return padding & causal  # (B, 1, n_q, n_k)
-    if kind == "random":  # may leave a query with no allowed key
-        return torch.rand(B, h, n_q, n_k, generator=g) < 0.4
-    assert kind == "per_head"
-    m = torch.rand(B, h, n_q, n_k, generator=g) < 0.5  # (B, h, n_q, n_k)
-    keep = torch.randint(0, n_k, (B, h, n_q, 1), generator=g)  # one allowed key per row
-    return m.scatter(-1, keep, True)
-
-
-@st.composite
-def cases(draw: st.DrawFn, masks: tuple[str, ...] = ("none", "padding", "causal", "padding+causal", "per_head")) -> Case:
-    h = draw(st.integers(1, 4))
-    d_k = draw(st.integers(1, 5))
-    d_model = h * d_k
-    B = draw(st.integers(1, 3))
-    n_q = draw(st.integers(1, 5))
-    cross = draw(st.booleans())
-    n_k = draw(st.integers(1, 5)) if cross else n_q
-    bias = draw(st.booleans())
-    kind = draw(st.sampled_from(masks))
-    seed = draw(st.integers(0, 2**31 - 1))
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    mha = MultiHeadAttention(d_model, h, bias=bias, dtype=DTYPE)
-    if bias:  # zero-initialised biases would hide bias bugs
-        with torch.no_grad():
-            for b in (mha.b_q, mha.b_k, mha.b_v, mha.b_o):
-                b.copy_(torch.randn(d_model, generator=g, dtype=DTYPE))
-    query = torch.randn(B, n_q, d_model, generator=g, dtype=DTYPE)
-    if cross:
-        key = torch.randn(B, n_k, d_model, generator=g, dtype=DTYPE)
-        value = torch.randn(B, n_k, d_model, generator=g, dtype=DTYPE)
-    else:
-        key = value = query  # self-attention: one sequence plays all three roles
-    return Case(mha, query, key, value, _make_mask(kind, B, h, n_q, n_k, g), kind)
+from strategies import DTYPE, SETTINGS, TOL, Case, cases
 
 
 # ---- helpers --------------------------------------------------------------------

@@ -8,60 +8,16 @@ weights are repeated per group with ``repeat_interleave``. Every error path has 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import KVCache, LatentCache, MultiHeadAttention, SeparateHeadsAttention, attention
 from attnlib.decoding import DecoderAttention
 from attnlib.decoding import apply_rope, causal_mask
-
-DTYPE = torch.float64
-TOL = {"atol": 1e-10, "rtol": 1e-8}
-SETTINGS = settings(max_examples=25, deadline=None)
-
-
-@dataclass
-class Case:
-    mha: MultiHeadAttention
-    query: Tensor  # (B, n_q, d_model)
-    key: Tensor  # (B, n_k, d_model)
-    mask: Tensor | None
-
-
-@st.composite
-def cases(draw: st.DrawFn, cross_ok: bool = True) -> Case:
-    h = draw(st.sampled_from([1, 2, 3, 4, 6]))
-    g = draw(st.sampled_from([d for d in range(1, h + 1) if h % d == 0]))
-    rope = draw(st.booleans())
-    d_k = 2 * draw(st.integers(1, 2)) if rope else draw(st.integers(1, 3))
-    d_model = h * d_k
-    B, n_q = draw(st.integers(1, 2)), draw(st.integers(1, 5))
-    cross = cross_ok and draw(st.booleans())
-    n_k = draw(st.integers(1, 5)) if cross else n_q
-    bias = draw(st.booleans())
-    seed = draw(st.integers(0, 2**31 - 1))
-    gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    mha = DecoderAttention(d_model, h, bias, num_kv_heads=g, rope_base=100.0 if rope else None, dtype=DTYPE)
-    if bias:
-        with torch.no_grad():
-            for b in (mha.b_q, mha.b_k, mha.b_v, mha.b_o):
-                b.copy_(torch.randn(b.shape, generator=gen, dtype=DTYPE))
-    query = torch.randn(B, n_q, d_model, generator=gen, dtype=DTYPE)
-    key = torch.randn(B, n_k, d_model, generator=gen, dtype=DTYPE) if cross else query
-    kind = draw(st.sampled_from(["none", "causal", "per_head"]))
-    mask = None
-    if kind == "causal" and n_q <= n_k:
-        mask = causal_mask(n_q, n_k)
-    elif kind == "per_head":
-        mask = torch.rand(B, h, n_q, n_k, generator=gen) < 0.6
-        mask[..., 0] = True
-    return Case(mha, query, key, mask)
+from strategies import DTYPE, SETTINGS, TOL, Case, decoder_cases
 
 
 def _reference(mha: MultiHeadAttention, query: Tensor, key: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -110,7 +66,7 @@ def _repeat_kv_weights(mha: MultiHeadAttention) -> MultiHeadAttention:
 
 
 @SETTINGS
-@given(cases(), st.booleans())
+@given(decoder_cases(), st.booleans())
 def test_grouped_attention_equals_the_head_by_head_reference(case: Case, need_weights: bool) -> None:
     mha = case.mha
     out, w = mha(case.query, case.key, case.key, mask=case.mask, need_weights=need_weights)
@@ -123,7 +79,7 @@ def test_grouped_attention_equals_the_head_by_head_reference(case: Case, need_we
 
 
 @SETTINGS
-@given(cases())
+@given(decoder_cases())
 def test_gqa_equals_mha_with_kv_weights_repeated_per_group(case: Case) -> None:
     mha = case.mha
     plain = _repeat_kv_weights(mha)
@@ -209,7 +165,7 @@ def test_rope_scores_depend_on_offsets_not_positions() -> None:
 
 
 @SETTINGS
-@given(cases(cross_ok=False), st.integers(1, 5), st.booleans())
+@given(decoder_cases(cross_ok=False), st.integers(1, 5), st.booleans())
 def test_cached_decoding_equals_the_full_causal_pass(case: Case, prefill: int, need_weights: bool) -> None:
     mha, x = case.mha, case.query
     B, n, _ = x.shape

@@ -1,4 +1,7 @@
-"""attnlib.plots: each helper draws labelled axes and rejects data of the wrong shape."""
+"""attnlib.plots: each helper draws labelled axes and rejects data of the wrong shape.
+
+One section per chapter, in the order the book first uses each helper.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from attnlib import plots  # noqa: E402
+from attnlib import MultiHeadAttention, plots  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -37,6 +40,8 @@ def _labelled(fig: Figure) -> None:
         assert ax.get_ylabel() or ax.get_yticklabels(), "y axis has neither label nor ticks"
 
 
+# ---- chapter 1: one query, many keys -----------------------------------------------
+
 def test_attention_map() -> None:
     w = torch.softmax(torch.randn(3, 4), -1)
     fig = plots.attention_map(w, ["a", "b", "c"], ["w", "x", "y", "z"], title="t")
@@ -48,6 +53,8 @@ def test_attention_map() -> None:
         plots.attention_map(torch.rand(2, 3, 4))
 
 
+# ---- chapters 2 and 3: where Q, K and V come from; many heads ----------------------
+
 def test_attention_maps() -> None:
     fig = plots.attention_maps(torch.rand(5, 3, 3), labels=["a", "b", "c"], ncols=4)
     titled = [ax.get_title() for ax in fig.axes if ax.get_title()]
@@ -56,6 +63,53 @@ def test_attention_maps() -> None:
     with pytest.raises(ValueError, match=r"weights must have shape \(h, n_q, n_k\), got \(3, 3\)"):
         plots.attention_maps(torch.rand(3, 3))
 
+
+def test_attention_maps_share_one_colour_bar() -> None:
+    fig = plots.attention_maps(torch.rand(3, 4, 4), ncols=3)
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 1 and bars[0].get_ylabel() == "attention weight"
+    assert all(im.get_clim() == (0.0, 1.0) for ax in fig.axes for im in ax.images)
+    fig = plots.attention_maps(torch.rand(2, 4, 4), colorbar=False)
+    assert not [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+
+
+def test_head_blocks_draws_one_block_per_head_in_each_panel() -> None:
+    mha = MultiHeadAttention(16, 4)
+    concat = torch.randn(5, 16)  # (n, h*d_v)
+    fig = plots.head_blocks(mha.w_q, concat, mha.w_o, 4)
+    axes = fig.axes
+    assert len(axes) == 3
+    for ax in axes:
+        assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
+        assert len(ax.patches) == 4  # one tinted block per head
+    texts = [[t.get_text() for t in ax.texts] for ax in axes]
+    assert texts[0] == [f"$W_{{{i}}}^Q$" for i in range(4)]
+    assert texts[1] == [f"head {i}" for i in range(4)]
+    assert texts[2] == [f"$W_{{{i}}}^O$" for i in range(4)]
+    # the titles say which matrix in words too: at low resolution Q and O look alike
+    assert "queries" in axes[0].get_title() and "output" in axes[2].get_title()
+    # column blocks of W^Q and of Concat, row blocks of W^O, each d_k = 4 wide
+    q_block, o_block = axes[0].patches[1], axes[2].patches[1]
+    assert (q_block.get_x(), q_block.get_width()) == (3.5, 4)
+    assert (o_block.get_y(), o_block.get_height()) == (3.5, 4)
+
+
+@pytest.mark.parametrize(
+    ("w_q", "concat", "w_o", "num_heads", "match"),
+    [
+        (torch.randn(8, 8), torch.randn(3, 8), torch.randn(8, 8), 0, "num_heads"),
+        (torch.randn(8, 6), torch.randn(3, 8), torch.randn(8, 8), 4, "w_q must have shape"),
+        (torch.randn(8), torch.randn(3, 8), torch.randn(8, 8), 2, "w_q must have shape"),
+        (torch.randn(8, 8), torch.randn(3, 6), torch.randn(6, 8), 4, "concat must have shape"),
+        (torch.randn(8, 8), torch.randn(3, 8), torch.randn(6, 8), 2, "w_o must have shape"),
+    ],
+)
+def test_head_blocks_rejects_shapes_that_do_not_fit(w_q, concat, w_o, num_heads, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        plots.head_blocks(w_q, concat, w_o, num_heads)
+
+
+# ---- chapter 4: why not one matrix W_Q W_K^T? ----------------------------------------
 
 def test_line_plot_and_singular_values() -> None:
     fig = plots.line_plot([1, 2, 4], {"a": [1.0, 2.0, 3.0]}, "x", "y", logx=True, logy=True, title="t")
@@ -67,6 +121,8 @@ def test_line_plot_and_singular_values() -> None:
     assert list(line.get_ydata()) == [3.0, 1.0, 1e-12]  # the zero is drawn at the floor
     _labelled(fig)
 
+
+# ---- chapter 5: one big matrix or h small ones? (and the benchmark) -----------------
 
 def test_block_heatmap() -> None:
     fig = plots.block_heatmap(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), ["r0", "r1"], ["c0", "c1"],
@@ -131,10 +187,76 @@ def test_benchmark_refuses_to_overwrite_results_and_cpu_time_of_many_threads(
     assert torch.get_num_threads() == threads
 
 
-def test_attention_maps_share_one_colour_bar() -> None:
-    fig = plots.attention_maps(torch.rand(3, 4, 4), ncols=3)
-    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
-    assert len(bars) == 1 and bars[0].get_ylabel() == "attention weight"
-    assert all(im.get_clim() == (0.0, 1.0) for ax in fig.axes for im in ax.images)
-    fig = plots.attention_maps(torch.rand(2, 4, 4), colorbar=False)
-    assert not [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+# ---- chapter 7: the phone book, learned --------------------------------------------
+
+def test_signed_heatmap() -> None:
+    v = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.25, -0.5]])
+    fig = plots.signed_heatmap(v, ["a", "b"], ["x", "y", "z"], "key token", "query token", "entry",
+                               row_split=1, col_split=2, annotate=True, title="t")
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("key token", "query token", "t")
+    assert ax.images[0].get_clim() == (-2.0, 2.0)  # symmetric about zero
+    assert len(ax.lines) == 2 and len(ax.texts) == 6  # two block lines, every cell annotated
+    assert fig.axes[1].get_ylabel() == "entry"  # the colour bar
+    with pytest.raises(ValueError, match=r"values must have shape \(len\(row_labels\), len\(col_labels\)\) = \(3, 3\)"):
+        plots.signed_heatmap(v, ["a", "b", "c"], ["x", "y", "z"], "x", "y", "c")
+    with pytest.raises(ValueError, match="col_split must lie strictly between 0 and 3, got 3"):
+        plots.signed_heatmap(v, ["a", "b"], ["x", "y", "z"], "x", "y", "c", col_split=3)
+
+
+def test_rank_sweep() -> None:
+    fig = plots.rank_sweep([1, 2, 4], {"accuracy": [0.2, 0.7, 1.0]}, {"names": 3.0, "numbers": 2.0},
+                           ylabel="share", title="t")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "head width $d_k$" and ax.get_ylabel() == "share"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["accuracy", "names", "numbers"]
+    with pytest.raises(ValueError, match=r"series\['accuracy'\] must have len\(d_ks\) = 3 values, got 2"):
+        plots.rank_sweep([1, 2, 4], {"accuracy": [0.2, 0.7]}, {}, ylabel="y")
+
+
+def test_rank_sweep_spreads_and_levels() -> None:
+    fig = plots.rank_sweep([1, 2, 4], {"accuracy": [0.2, 0.7, 1.0]}, {"numbers": 3.0},
+                           ylabel="share", spreads={"accuracy": ([0.1, 0.6, 1.0], [0.3, 0.8, 1.0])},
+                           levels={"never searches": 0.5})
+    ax = fig.axes[0]
+    assert len(ax.collections) == 1  # the shaded spread
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["accuracy", "never searches", "numbers"]
+    with pytest.raises(ValueError, match=r"spreads\['loss'\] names no series"):
+        plots.rank_sweep([1, 2], {"accuracy": [0.2, 0.7]}, {}, ylabel="y", spreads={"loss": ([0, 0], [1, 1])})
+    with pytest.raises(ValueError, match=r"spreads\['accuracy'\] must hold two sequences of len\(d_ks\) = 2"):
+        plots.rank_sweep([1, 2], {"accuracy": [0.2, 0.7]}, {}, ylabel="y", spreads={"accuracy": ([0], [1])})
+
+
+# ---- chapter 8: why two matrices, today (cache bytes per token) ---------------------
+
+def test_cache_bytes_draws_one_labelled_bar_per_entry() -> None:
+    per_token = {"MHA": 524_288.0, "GQA": 131_072.0, "MQA": 16_384.0}
+    fig = plots.cache_bytes(per_token, title="t")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(per_token)
+    widths = [p.get_width() for p in ax.patches]
+    assert widths == [512.0, 128.0, 16.0]  # KiB, in the dict's order
+    assert ax.get_xscale() == "log"
+    assert "KiB" in ax.get_xlabel()
+    assert [t.get_text() for t in ax.texts] == ["512 KiB", "128 KiB", "16 KiB"]
+    assert ax.get_title() == "t"
+
+
+def test_cache_bytes_groups_colour_and_legend() -> None:
+    per_token = {"a": 2048.0, "b": 1024.0, "c": 4096.0}
+    fig = plots.cache_bytes(per_token, groups={"a": "one", "b": "two", "c": "one"})
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["one", "two"]
+    colours = {p.get_y(): p.get_facecolor() for p in ax.patches}
+    assert len(set(colours.values())) == 2
+
+
+def test_cache_bytes_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="at least one entry"):
+        plots.cache_bytes({})
+    with pytest.raises(ValueError, match=r"positive byte counts, got \{'b': 0.0\}"):
+        plots.cache_bytes({"a": 1.0, "b": 0.0})
+    with pytest.raises(ValueError, match=r"missing \['b'\], extra \['z'\]"):
+        plots.cache_bytes({"a": 1.0, "b": 2.0}, groups={"a": "g", "z": "g"})

