@@ -104,7 +104,10 @@ def assert_rounding_close(
     ``|actual - expected| <= eps * sum(widths) * max|expected|`` elementwise. Use it
     where two implementations (another library, another order of the same sums) are
     compared in float32: the tolerance follows from the computation, not from the
-    machine it was first run on.
+    machine it was first run on. It is a first-order tolerance relative to the size of
+    the result: where the terms are much larger than the result (cancellation, or a
+    softmax over large scores), a worst-case bound must use the size of the terms
+    instead, as chapter 6 does.
 
     Shapes: ``actual`` and ``expected`` of one shape. Returns the bound, so that a
     page can print it.
