@@ -586,6 +586,8 @@ def read_llama(
 
     Raises:
         TypeError: a projection missing or not an ``nn.Linear``.
+        ValueError: a submodule, parameter or buffer other than the four projections
+            (e.g. ``Qwen3Attention``'s ``q_norm`` and ``k_norm``), which would be dropped.
         ValueError: ``num_heads`` missing (no config) or disagreeing with the config; a
             RoPE type other than ``"default"`` (scaled frequencies); ``head_dim *
             num_heads != hidden_size``; ``attention_dropout > 0``; shapes that do not fit.
@@ -596,6 +598,14 @@ def read_llama(
         if not isinstance(layer, nn.Linear):
             raise TypeError(f"attn.{name} must be an nn.Linear, got {type(layer).__name__}")
         layers[name] = layer
+    extra = sorted({n for n, _ in attn.named_children()} - set(layers))
+    extra += sorted(n for n, _ in attn.named_parameters(recurse=False))
+    extra += sorted(n for n, _ in attn.named_buffers(recurse=False))
+    if extra:  # e.g. Qwen3's q_norm, k_norm: they change the function, and would be dropped
+        raise ValueError(
+            f"attn ({type(attn).__name__}) has {', '.join(extra)} besides q_proj, k_proj, v_proj, "
+            f"o_proj; read_llama maps those four only and would silently drop the rest"
+        )
     if num_heads is not None:
         check_positive_int("num_heads", num_heads)
     config = getattr(attn, "config", None)

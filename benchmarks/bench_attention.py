@@ -70,7 +70,8 @@ The committed results in ``benchmarks/results/`` come from the book's build mach
   (other jobs shared the cores, so one thread and CPU time; 9.5 minutes, load average 4 to 7);
 - ``cpu_target.csv``: ``--target --threads 1 --clock cpu --rounds 60``;
 - ``cpu_decoding.csv``: ``--decoding --threads 1 --clock cpu --rounds 5`` (one decoding step and a prefill
-  for MHA, GQA, MQA and MLA, with cache bytes per token).
+  for MHA, GQA, MQA and MLA, with cache bytes per token). The caches append with ``torch.cat``, so each
+  timed step also copies the whole cache, in proportion to its bytes; a preallocated cache would not.
 """
 
 from __future__ import annotations
@@ -355,7 +356,8 @@ def plot(rows: list[dict[str, object]], path: Path, h_fixed: int, n_fixed: int) 
 # Every variant's step output is checked (GQA/MQA against plain MHA with K/V repeated per
 # group; MLA absorbed against MLA naive) before anything is timed. All take the
 # need_weights=False (SDPA) path; MHA/GQA/MQA use RoPE, MLA its decoupled RoPE key.
-# The KVCache appends with torch.cat (a copy of the cache per step), as a simple cache does.
+# KVCache and LatentCache append with torch.cat (a copy of the cache per step), as a simple cache
+# does, so the timed step includes that copy; chapter 8 says so where it cites this benchmark.
 #
 #   python benchmarks/bench_attention.py --decoding --threads 1 --clock cpu --rounds 5 --out benchmarks/results/cpu_decoding.csv
 #

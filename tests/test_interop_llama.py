@@ -181,3 +181,22 @@ def test_grouped_weights_validation(change: dict[str, object], match: str) -> No
     fields.update(change)
     with pytest.raises(ValueError, match=match):
         GroupedAttentionWeights(**fields)  # type: ignore[arg-type]
+
+
+def test_read_llama_refuses_what_it_cannot_map() -> None:
+    """Qwen3 normalises queries and keys per head (q_norm, k_norm) between the projection
+    and RoPE; reading its four projections alone would compute another function."""
+    qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+    config = qwen3.Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=8, intermediate_size=64, num_hidden_layers=1)
+    attn = qwen3.Qwen3Attention(config, layer_idx=0)
+    with pytest.raises(ValueError, match="has k_norm, q_norm besides q_proj"):
+        read_llama(attn)
+    layers = write_llama(_random_grouped(False))
+    layers["extra"] = nn.Identity()  # any submodule it does not map
+    with pytest.raises(ValueError, match=r"\(ModuleDict\) has extra besides"):
+        read_llama(layers, num_heads=6)
+    layers = write_llama(_random_grouped(False))
+    layers.register_parameter("scale", nn.Parameter(torch.ones(())))
+    with pytest.raises(ValueError, match="has scale besides"):
+        read_llama(layers, num_heads=6)

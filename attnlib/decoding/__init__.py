@@ -4,9 +4,9 @@ attention (chapter 8). One module per piece:
 - :mod:`attnlib.decoding.rope`: **RoPE** (rotary position embedding, Su et al. 2021):
   queries and keys are rotated by an angle proportional to their position, so that the
   score of query ``i`` and key ``j`` depends on ``j - i`` only. attnlib uses the
-  "rotate-half" layout of Llama in Hugging Face ``transformers``: dimension ``j`` is
-  paired with dimension ``j + d_k/2`` and turned by the angle :math:`p\,\omega_j`,
-  :math:`\omega_j = \text{base}^{-2j/d_k}`.
+  "rotate-half" layout of Llama in Hugging Face ``transformers``: dimension ``l`` is
+  paired with dimension ``l + d_k/2`` and turned by the angle :math:`p\,\omega_\ell`,
+  :math:`\omega_\ell = \text{base}^{-2\ell/d_k}`.
 - :mod:`attnlib.decoding.cache`: **the KV cache** (:class:`KVCache`): when a decoder
   generates token ``n``, the keys and values of tokens ``0..n-1`` have not changed, so
   they are kept instead of recomputed; and MLA's :class:`LatentCache`.

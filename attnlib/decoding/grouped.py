@@ -13,7 +13,7 @@ the per-head views, the merge and ``W^O``, is the parent's.
   group ``i // (h/g)`` (the order of ``repeat_interleave`` and of Hugging Face's
   ``repeat_kv``). ``w_k_heads``/``w_v_heads`` are then ``(g, d_model, d_k)``.
 - ``rope_base``: rotary position embedding (:func:`attnlib.decoding.apply_rope`,
-  Llama's rotate-half layout, Su et al. 2021) on queries and keys after the
+  Su et al. 2021, in Llama's rotate-half layout) on queries and keys after the
   projections, before the scores; positions ``0..n-1`` for queries and keys alike,
   or continuing from the cache. ``d_k`` must be even.
 - ``cache=KVCache()`` (keyword of the call): self-attention over new tokens

@@ -45,12 +45,15 @@ class LatentAttention(nn.Module):
     (:class:`LatentCache`) holds :math:`c_j` and the shared :math:`k^R_j` only:
     :math:`d_c + d_r` numbers per token instead of :math:`2 h d_k`.
 
-    **Absorption.** :math:`q^C_{t,i} \cdot k^C_{j,i} = (q^C_{t,i} W^{UK\top}_i) \cdot c_j`, so
-    with :math:`W^{UK}_i` folded into the query side the scores read the latents directly;
-    and :math:`\sum_j a_j v_{j,i} W^O_i = (\sum_j a_j c_j)(W^{UV}_i W^O_i)`, so :math:`W^{UV}_i`
-    folds into :math:`W^O_i`. ``absorb=True`` computes that way and never forms a key or
-    value of a cached token; ``absorb=False`` up-projects the cache to K and V. Both give the
-    same function. All heads then read the same latents and the same rotary key, which
+    **Absorption.** :math:`q^C_{t,i} \cdot k^C_{j,i} = (x_t W^Q_i W^{UK\top}_i) \cdot c_j` and
+    :math:`\sum_j a_j v_{j,i} W^O_i = (\sum_j a_j c_j)(W^{UV}_i W^O_i)`: :math:`W^{UK}_i` is
+    *absorbed into* :math:`W^Q_i` and :math:`W^{UV}_i` into :math:`W^O_i` (DeepSeek-V2's
+    wording), that is, merged with them, so that the scores and the mixture read the latents
+    directly. The merged products are :attr:`w_q_absorbed` and :attr:`w_o_absorbed`.
+    ``absorb=True`` computes with them, evaluating each as its two factors in turn (at
+    DeepSeek-V2's widths the products hold more numbers than the factors), and never forms
+    a key or value of a cached token; ``absorb=False`` up-projects the cache to K and V.
+    Both give the same function. All heads then read the same latents and the same rotary key, which
     makes the absorbed form multi-query attention in latent space.
     The rotary part cannot be absorbed (its rotation depends on the position), which is
     why DeepSeek-V2 keeps it as a separate, shared key of width :math:`d_r`.

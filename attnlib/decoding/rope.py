@@ -1,9 +1,9 @@
 r"""Rotary position embedding, RoPE (Su et al. 2021), in Llama's rotate-half layout (chapter 8).
 
 Queries and keys are rotated by an angle proportional to their position, so that the
-score of query ``i`` and key ``j`` depends on ``j - i`` only. Dimension ``j`` is paired
-with dimension ``j + d_k/2`` and turned by the angle :math:`p\,\omega_j`,
-:math:`\omega_j = \text{base}^{-2j/d_k}` (Hugging Face ``transformers``' Llama layout).
+score of query ``i`` and key ``j`` depends on ``j - i`` only. Dimension ``l`` is paired
+with dimension ``l + d_k/2`` and turned by the angle :math:`p\,\omega_\ell`,
+:math:`\omega_\ell = \text{base}^{-2\ell/d_k}` (Hugging Face ``transformers``' Llama layout).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def rope_inv_freq(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> Tensor:
-    r"""RoPE's angular frequencies :math:`\omega_j = \text{base}^{-2j/d_k}`, ``j = 0..d_k/2-1``.
+    r"""RoPE's angular frequencies :math:`\omega_\ell = \text{base}^{-2\ell/d_k}`, ``l = 0..d_k/2-1``.
 
-    Pair ``j`` (dimensions ``j`` and ``j + d_k/2``) turns by :math:`p\,\omega_j` at
+    Pair ``l`` (dimensions ``l`` and ``l + d_k/2``) turns by :math:`p\,\omega_\ell` at
     position ``p``: the first pair once per position (:math:`\omega_0 = 1` radian), the
     last pair slowest. Hugging Face's ``LlamaRotaryEmbedding`` calls this ``inv_freq``.
 
@@ -52,12 +52,12 @@ def rope_inv_freq(
     """
     check_width(d_k, "d_k", even=True)
     base = check_rope_base(base)
-    j = torch.arange(0, d_k, 2, device=device, dtype=dtype)  # (d_k/2,): 2j
-    return 1.0 / (base ** (j / d_k))  # (d_k/2,)
+    two_l = torch.arange(0, d_k, 2, device=device, dtype=dtype)  # (d_k/2,): 2l
+    return 1.0 / (base ** (two_l / d_k))  # (d_k/2,)
 
 
 def rope_angles(positions: Tensor, d_k: int, base: float = 10000.0) -> Tensor:
-    r"""The rotation angles :math:`\theta_{p,j} = p\,\omega_j` of RoPE.
+    r"""The rotation angles :math:`\theta_{p,\ell} = p\,\omega_\ell` of RoPE.
 
     Args:
         positions: ``(..., n)``, integer or real positions.
@@ -79,7 +79,7 @@ def rotate_half(x: Tensor) -> Tensor:
     """``(x_1, x_2) -> (-x_2, x_1)`` on the two halves of the last dimension, ``(..., d)``.
 
     This is Hugging Face's ``rotate_half``: with it, RoPE is
-    ``x * cos + rotate_half(x) * sin``, a rotation of each pair ``(x_j, x_{j + d/2})``.
+    ``x * cos + rotate_half(x) * sin``, a rotation of each pair ``(x_l, x_{l + d/2})``.
     """
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (..., d)
@@ -88,12 +88,12 @@ def rotate_half(x: Tensor) -> Tensor:
 def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0) -> Tensor:
     r"""Rotary position embedding of the rows of ``x`` (rotate-half layout, as Llama).
 
-    Row ``p`` (at position ``p``) has each pair :math:`(x_j, x_{j+d_k/2})` turned by the
-    angle :math:`p\,\omega_j`, :math:`\omega_j = \text{base}^{-2j/d_k}`:
+    Row ``p`` (at position ``p``) has each pair :math:`(x_\ell, x_{\ell+d_k/2})` turned by the
+    angle :math:`p\,\omega_\ell`, :math:`\omega_\ell = \text{base}^{-2\ell/d_k}`:
 
     .. math::
-        \mathrm{RoPE}(x, p)_j = x_j \cos p\omega_j - x_{j+d_k/2} \sin p\omega_j, \qquad
-        \mathrm{RoPE}(x, p)_{j+d_k/2} = x_{j+d_k/2} \cos p\omega_j + x_j \sin p\omega_j .
+        \mathrm{RoPE}(x, p)_\ell = x_\ell \cos p\omega_\ell - x_{\ell+d_k/2} \sin p\omega_\ell, \qquad
+        \mathrm{RoPE}(x, p)_{\ell+d_k/2} = x_{\ell+d_k/2} \cos p\omega_\ell + x_\ell \sin p\omega_\ell .
 
     Each pair is a 2-D rotation, so ``RoPE(x, p) = x @ R_p`` with ``R_p`` orthogonal
     (:func:`rope_rotation`) and :math:`R_p R_s^\top = R_{p-s}`: the score of a rotated
@@ -133,7 +133,7 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
                 f"positions of shape {format_shape(positions)} must broadcast to x's (..., n) = {format_shape(x.shape[:-1])}"
             )
     angles = rope_angles(positions.to(x.device), d_k, base)  # (..., n, d_k/2)
-    angles = torch.cat((angles, angles), dim=-1)  # (..., n, d_k): pair j and j + d_k/2 share an angle
+    angles = torch.cat((angles, angles), dim=-1)  # (..., n, d_k): dims l, l + d_k/2 share an angle
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)  # (..., n, d_k)
     return x * cos + rotate_half(x) * sin  # (..., n, d_k)
 
@@ -149,8 +149,8 @@ def rope_rotation(
     r"""The orthogonal ``(d_k, d_k)`` matrix :math:`R_p` with ``apply_rope(x, p) == x @ R_p``.
 
     .. math::
-        (R_p)_{j,j} = (R_p)_{j+d_k/2,\,j+d_k/2} = \cos p\omega_j, \quad
-        (R_p)_{j,\,j+d_k/2} = \sin p\omega_j, \quad (R_p)_{j+d_k/2,\,j} = -\sin p\omega_j .
+        (R_p)_{\ell,\ell} = (R_p)_{\ell+d_k/2,\,\ell+d_k/2} = \cos p\omega_\ell, \quad
+        (R_p)_{\ell,\,\ell+d_k/2} = \sin p\omega_\ell, \quad (R_p)_{\ell+d_k/2,\,\ell} = -\sin p\omega_\ell .
 
     :math:`R_p R_s^\top = R_{p-s}` and :math:`R_0 = I`.
     """
