@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from attnlib._core import check_mask, check_positive_int, check_tensor, format_shape
-from attnlib.attention import _check_qkv, _check_scale
+from attnlib.attention import _check_qkv, _check_scale, attention
 
 __all__ = [
     "Partial",
@@ -40,6 +40,7 @@ __all__ = [
     "split_k_attention",
     "tile_counts",
     "intermediate_bytes",
+    "rounding_bound",
 ]
 
 
@@ -425,3 +426,47 @@ def intermediate_bytes(
     b_q = min(check_positive_int("block_q", block_q), n_q)
     b_k = min(check_positive_int("block_k", block_k), n_k)
     return batch * (2 * b_q * b_k + b_q * (2 + d_v) + n_q) * size
+
+
+# ---- how close two evaluations must be -----------------------------------------------------------
+def rounding_bound(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None
+) -> tuple[Tensor, Tensor]:
+    r"""Elementwise bounds on how far two evaluations of attention may differ by rounding.
+
+    Write :math:`u` for the unit roundoff (``eps / 2``), :math:`S = \max_{ij} \sum_l |q_{il} k_{jl}|
+    \cdot \mathrm{scale}` for the largest score's sum of absolute terms. A score computed in any
+    order is off by at most :math:`d_k u S` (Higham 2002, section 3.1), which changes each weight
+    :math:`p_{ij} = e^{s_{ij} - \mathrm{lse}_i}` by a relative :math:`2 d_k u S` (its own score and
+    the shift). Summing the exponentials, one rescale per key block (at most :math:`n_k`), the
+    division and the weighted sum of the values add at most :math:`3 n_k u` relative, to first
+    order. So each evaluation is within :math:`u (2 d_k S + 3 n_k) (|P|\,|V|)_{ic}` of the exact
+    output, and two evaluations (another tile size, order, library) within twice that:
+
+    .. math::
+        |\mathrm{out}_a - \mathrm{out}_b|_{ic} \le \varepsilon\,(2 d_k S + 3 n_k)\,(|P|\,|V|)_{ic},
+        \qquad
+        |\mathrm{lse}_a - \mathrm{lse}_b|_i \le \varepsilon\,(d_k S + 2 n_k + |\mathrm{lse}_i|) .
+
+    The factor :math:`|P|\,|V|` (not the output's own size) matters: an output that is a small
+    difference of large values carries the rounding of the large ones.
+
+    Shapes: as :func:`attnlib.attention` (``q`` with its ``n_q`` axis); returns the bound on the
+    output ``(..., n_q, d_v)`` and on the log-sum-exp ``(..., n_q)``, in float64. It writes out
+    the ``n_q x n_k`` weights: a check for small problems.
+    """
+    if check_tensor("q", q).dim() < 2:
+        raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
+    eps = torch.finfo(q.dtype).eps
+    q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
+    _, p = attention(q64, k64, v64, mask=mask, scale=scale)  # (..., n_q, n_k), checks the arguments
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    d_k, n_k = q.shape[-1], k.shape[-2]
+    big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
+    out_bound = eps * (2 * d_k * big + 3 * n_k) * (p @ v64.abs())  # (..., n_q, d_v)
+    s = (q64 @ k64.transpose(-2, -1)) * sc  # (..., n_q, n_k)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)  # (..., n_q)
+    lse_bound = eps * (d_k * big + 2 * n_k + torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse)))
+    return out_bound, lse_bound
