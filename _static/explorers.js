@@ -296,8 +296,8 @@
       if (t > 0) {
         var ym = fmt(y(s.m[t]), 2);
         svg("line", { x1: left, x2: W - right, y1: ym, y2: ym, "class": "explorer-max" }, fig);
-        svg("text", { x: W - right, y: fmt(y(s.m[t]) - 4, 2), "text-anchor": "end", "class": "explorer-label" },
-            fig, "running max m = " + fmt(s.m[t], 3));
+        svg("text", { x: W - right, y: 12, "text-anchor": "end", "class": "explorer-label" },
+            fig, "dashed: running max m = " + fmt(s.m[t], 3));
       }
       var last = s.out[s.out.length - 1];
       if (t === 0) {
