@@ -41,6 +41,7 @@ __all__ = [
     "tile_counts",
     "intermediate_bytes",
     "rounding_bound",
+    "gradient_rounding_bound",
 ]
 
 
@@ -470,3 +471,52 @@ def rounding_bound(
     lse = torch.logsumexp(s, -1)  # (..., n_q)
     lse_bound = eps * (d_k * big + 2 * n_k + torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse)))
     return out_bound, lse_bound
+
+
+def gradient_rounding_bound(
+    q: Tensor, k: Tensor, v: Tensor, d_out: Tensor, mask: Tensor | None = None,
+    scale: float | None = None, d_lse: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Elementwise bounds on how far two evaluations of the gradients may differ by rounding.
+
+    The backward computes :math:`dV = P^\top dO`, :math:`dP = dO\, V^\top`,
+    :math:`D = \mathrm{rowsum}(dO \circ O) - d\mathrm{lse}`, :math:`dS = P \circ (dP - D)`
+    (times the scale), :math:`dQ = dS\, K`, :math:`dK = dS^\top Q`. Each is bounded as in
+    :func:`rounding_bound`, relative to the same formula evaluated on absolute values: the weights
+    carry the forward's relative error :math:`\varepsilon (2 d_k S + 3 n_k)`; :math:`dP` and
+    :math:`D` add inner products of width :math:`d_v` each, :math:`dQ` one of width :math:`n_k`,
+    :math:`dK` and :math:`dV` one of width :math:`n_q`:
+
+    .. math::
+        |dQ_a - dQ_b| \le \varepsilon\, w\, (|dS|_{\text{terms}}\, |K|), \quad
+        w = 2 d_k S + 3 n_k + 2 d_v + n_k + n_q,
+
+    with :math:`|dS|_{\text{terms}} = P \circ (|dO|\,|V|^\top + \mathrm{rowsum}(|dO| \circ P|V|) + |d\mathrm{lse}|)
+    \cdot \mathrm{scale}`, and likewise :math:`|dS|_{\text{terms}}^\top |Q|` for :math:`dK`,
+    :math:`P^\top |dO|` for :math:`dV`.
+
+    Shapes: ``q`` ``(..., n_q, d_k)``, ``k`` ``(..., n_k, d_k)``, ``v`` ``(..., n_k, d_v)``,
+    ``d_out`` ``(..., n_q, d_v)``, ``d_lse`` ``(..., n_q)`` or None. Returns the bounds for
+    ``dq, dk, dv`` (shapes of the broadcast ``q, k, v``), float64; writes out ``P``.
+    """
+    if check_tensor("q", q).dim() < 2:
+        raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
+    eps = torch.finfo(q.dtype).eps
+    q64, k64, v64, do = (t.detach().to(torch.float64) for t in (q, k, v, check_tensor("d_out", d_out)))
+    _, p = attention(q64, k64, v64, mask=mask, scale=scale)  # (..., n_q, n_k)
+    if do.shape != p.shape[:-1] + v64.shape[-1:]:
+        raise ValueError(f"d_out must have the output's shape {format_shape(p.shape[:-1] + v64.shape[-1:])}, "
+                         f"got {format_shape(d_out)}")
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    n_q, d_k = q.shape[-2], q.shape[-1]
+    n_k, d_v = k.shape[-2], v.shape[-1]
+    big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
+    w = eps * (2 * d_k * big + 3 * n_k + 2 * d_v + n_k + n_q)
+    dp_terms = do.abs() @ v64.abs().transpose(-2, -1)  # (..., n_q, n_k)
+    d_terms = (do.abs() * (p @ v64.abs())).sum(-1, keepdim=True)  # (..., n_q, 1)
+    if d_lse is not None:
+        d_terms = d_terms + d_lse.detach().to(torch.float64).abs()[..., None]
+    ds_terms = p * (dp_terms + d_terms) * sc  # (..., n_q, n_k)
+    return (w * (ds_terms @ k64.abs()),  # (..., n_q, d_k)
+            w * (ds_terms.transpose(-2, -1) @ q64.abs()),  # (..., n_k, d_k)
+            w * (p.transpose(-2, -1) @ do.abs()))  # (..., n_k, d_v)

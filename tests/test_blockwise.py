@@ -24,6 +24,7 @@ from attnlib.blockwise import (
     Partial,
     attend_block,
     blockwise_attention,
+    gradient_rounding_bound,
     intermediate_bytes,
     merge,
     rounding_bound,
@@ -178,30 +179,10 @@ def test_gradients_equal_autograd_through_the_naive_version(p: dict) -> None:
     lse = _naive_lse(q, k, mask)
     loss_ref = (ref * d_out).sum() + (torch.where(torch.isfinite(lse), lse, 0) * d_lse).sum()
     refs = torch.autograd.grad(loss_ref, (q, k, v))
-    for a, b, bound in zip(grads, refs, _grad_bounds(q, k, v, mask, ref, d_out, d_lse)):
+    for a, b, bound in zip(grads, refs, gradient_rounding_bound(q, k, v, d_out, mask, d_lse=d_lse)):
         assert ((a - b).abs() <= bound).all(), f"gap {(a - b).abs().max():.3g}"
 
 
-def _grad_bounds(q, k, v, mask, out, d_out, d_lse):
-    """Elementwise bounds for dQ, dK, dV of two evaluations, from the absolute values of the
-    terms of each formula (Higham's first-order analysis): the weights P carry the forward's
-    relative error eps (2 d_k S + 3 n_k); dP = dO V^T adds d_v, D = rowsum(dO o O) d_v + the
-    forward's; dQ = dS K * scale adds n_k, dK = dS^T Q * scale and dV = P^T dO add n_q."""
-    q, k, v, out = (t.detach() for t in (q, k, v, out))
-    eps = torch.finfo(q.dtype).eps
-    n_q, d_k = q.shape[-2:]
-    n_k, d_v = v.shape[-2:]
-    scale = 1 / math.sqrt(d_k)
-    _, p = attention(q, k, v, mask=mask)  # (..., n_q, n_k)
-    big = float((q.abs() @ k.abs().transpose(-2, -1)).amax()) * scale
-    rel = eps * (2 * d_k * big + 3 * n_k + 2 * d_v + n_k + n_q)
-    dp_abs = d_out.abs() @ v.abs().transpose(-2, -1)  # (..., n_q, n_k), terms of dP
-    big_d = (d_out.abs() * (p @ v.abs())).sum(-1, keepdim=True) + d_lse.abs()[..., None]  # terms of D, and dlse
-    ds_abs = p * (dp_abs + big_d) * scale  # (..., n_q, n_k), terms of dS
-    t_dq = ds_abs @ k.abs()  # (..., n_q, d_k)
-    t_dk = ds_abs.transpose(-2, -1) @ q.abs()  # (..., n_k, d_k)
-    t_dv = p.transpose(-2, -1) @ d_out.abs()  # (..., n_k, d_v)
-    return rel * t_dq, rel * t_dk, rel * t_dv
 
 
 def test_backward_saves_no_n_by_n_tensor() -> None:
@@ -353,6 +334,10 @@ def test_attend_block_and_merge_refuse_bad_input() -> None:
         attend_block(None, K, V)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"q must have shape \(\.\.\., n_q, d_k\), got \(3,\)"):
         rounding_bound(Q[0], K, V)
+    with pytest.raises(ValueError, match=r"q must have shape \(\.\.\., n_q, d_k\), got \(3,\)"):
+        gradient_rounding_bound(Q[0], K, V, torch.ones(2))
+    with pytest.raises(ValueError, match=r"d_out must have the output's shape \(4, 2\), got \(4, 3\)"):
+        gradient_rounding_bound(Q, K, V, torch.ones(4, 3))
     with pytest.raises(ValueError, match=r"mask of shape \(3, 6\) does not broadcast"):
         attend_block(Q, K, V, torch.ones(3, 6, dtype=torch.bool))
     p = attend_block(Q, K, V)
