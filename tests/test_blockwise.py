@@ -33,7 +33,7 @@ from attnlib.blockwise import (
 )
 from attnlib.decoding import causal_mask
 
-FAST = settings(max_examples=40, deadline=None)
+FAST = settings(max_examples=25, deadline=None)
 F64 = torch.float64
 
 
