@@ -272,7 +272,7 @@
       step.input.setAttribute("aria-valuetext", text + " blocks visited, " + seen + " keys seen");
       while (fig.firstChild) fig.removeChild(fig.firstChild);
       svg("title", {}, fig, "Scores of one query, visited in blocks of " + b + "; " + seen + " of " + nK + " keys seen");
-      svg("text", { x: left, y: 12, "class": "explorer-axis" }, fig, "score s_j of each key j");
+      svg("text", { x: left, y: 12, "class": "explorer-axis" }, fig, "score s_j");
       svg("line", { x1: left, x2: W - right, y1: fmt(y(0), 2), y2: fmt(y(0), 2), "class": "explorer-zero" }, fig);
       data.scores.forEach(function (v, j) {
         var x = left + j * slot + 1.5, y0 = y(Math.max(v, 0)), h = Math.abs(y(v) - y(0));
