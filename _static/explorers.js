@@ -241,8 +241,97 @@
     draw();
   }
 
+  /* ---- chapter 10: the online softmax, one block of keys at a time ---------- */
+  function onlineSoftmax(root, data) {
+    var id = root.id, nK = data.scores.length, dv = data.dv;
+    var state = { b: data["default"][0], t: data["default"][1] };
+    function nBlocks() { return Math.ceil(nK / data.blocks[state.b]); }
+
+    var controls = el("div", { "class": "explorer-controls" }, root);
+    var block = selectControl(controls, id + "-block", "block size",
+      data.blocks.map(function (b) { return b + (b === 1 ? " key" : " keys"); }), state.b);
+    var step = rangeControl(controls, id + "-step", "blocks visited", 0, nBlocks(), state.t);
+
+    var W = 380, H = 190, left = 40, right = 12, top = 18, bottom = 34;
+    var fig = svg("svg", { "class": "explorer-figure explorer-wide", viewBox: "0 0 " + W + " " + H,
+                           role: "img" }, root);
+    var readout = el("p", { "class": "explorer-readout", "aria-live": "polite" }, root);
+    var lo = Math.min(0, Math.min.apply(null, data.scores)), hi = Math.max(0, Math.max.apply(null, data.scores));
+    var pad = 0.08 * (hi - lo || 1);
+    lo -= pad; hi += pad;
+    function y(v) { return top + (hi - v) / (hi - lo) * (H - top - bottom); }
+    var slot = (W - left - right) / nK;
+
+    function vec(v) { return "[" + v.map(function (x) { return fmt(x, 3); }).join(", ") + "]"; }
+
+    function draw() {
+      var b = data.blocks[state.b], t = state.t, s = data.steps[state.b];
+      var seen = Math.min(t * b, nK), first = Math.max(0, (t - 1) * b);
+      var text = t + " of " + nBlocks();
+      step.output.textContent = text;
+      step.input.setAttribute("aria-valuetext", text + " blocks visited, " + seen + " keys seen");
+      while (fig.firstChild) fig.removeChild(fig.firstChild);
+      svg("title", {}, fig, "Scores of one query, visited in blocks of " + b + "; " + seen + " of " + nK + " keys seen");
+      svg("text", { x: left, y: 12, "class": "explorer-axis" }, fig, "score s_j");
+      svg("line", { x1: left, x2: W - right, y1: fmt(y(0), 2), y2: fmt(y(0), 2), "class": "explorer-zero" }, fig);
+      data.scores.forEach(function (v, j) {
+        var x = left + j * slot + 1.5, y0 = y(Math.max(v, 0)), h = Math.abs(y(v) - y(0));
+        var cls = j >= seen ? "explorer-track" : j >= first ? "explorer-bar explorer-best" : "explorer-bar";
+        svg("rect", { x: fmt(x, 2), y: fmt(y0, 2), width: fmt(slot - 3, 2), height: fmt(Math.max(h, 0.5), 2),
+                      "class": cls }, fig);
+        if (nK <= 16 || j % 4 === 0) {  // every key's number, or every fourth one
+          svg("text", { x: fmt(x + (slot - 3) / 2, 2), y: H - bottom + 14, "text-anchor": "middle",
+                        "class": "explorer-label" }, fig, String(j));
+        }
+      });
+      for (var k = b; k < nK; k += b) {
+        var xs = fmt(left + k * slot, 2);
+        svg("line", { x1: xs, x2: xs, y1: top, y2: H - bottom, "class": "explorer-sep" }, fig);
+      }
+      svg("text", { x: (left + W - right) / 2, y: H - 4, "text-anchor": "middle", "class": "explorer-axis" },
+          fig, "key j, visited left to right");
+      var yTop = fmt(y(hi - pad), 2), yBottom = fmt(y(lo + pad), 2);
+      svg("text", { x: left - 4, y: yTop, "text-anchor": "end", "class": "explorer-axis" }, fig, fmt(hi - pad, 1));
+      svg("text", { x: left - 4, y: yBottom, "text-anchor": "end", "class": "explorer-axis" }, fig, fmt(lo + pad, 1));
+      if (t > 0) {
+        var ym = fmt(y(s.m[t]), 2);
+        svg("line", { x1: left, x2: W - right, y1: ym, y2: ym, "class": "explorer-max" }, fig);
+        svg("text", { x: W - right, y: 12, "text-anchor": "end", "class": "explorer-label" },
+            fig, "dashed: running max m = " + fmt(s.m[t], 3));
+      }
+      var last = s.out[s.out.length - 1];
+      if (t === 0) {
+        readout.textContent = "No key visited yet: m = −∞, running sum ℓ = 0, partial output 0. " +
+          "With all " + nK + " keys the output is " + vec(last) + ".";
+        return;
+      }
+      var keys = seen - 1 === first ? "key " + first : "keys " + first + "–" + (seen - 1);
+      var msg = "After block " + t + " of " + nBlocks() + " (" + keys + "): " +
+        "running max m = " + fmt(s.m[t], 3);
+      if (t > 1 && s.m[t] > s.m[t - 1]) {
+        msg += ", up from " + fmt(s.m[t - 1], 3) + ", so the earlier sum and output were rescaled by e^(" +
+          fmt(s.m[t - 1], 3) + " − " + fmt(s.m[t], 3) + ") = " + fmt(Math.exp(s.m[t - 1] - s.m[t]), 3);
+      } else if (t > 1) {
+        msg += " (unchanged: no rescale)";
+      }
+      msg += "; running sum ℓ = " + fmt(s.ell[t], 3) + "; partial output " + vec(s.out[t]) +
+        (t === nBlocks() ? ", the attention output." : "; with all " + nK + " keys: " + vec(last) + ".");
+      readout.textContent = msg;
+    }
+    block.addEventListener("change", function () {
+      var frac = state.t / nBlocks();
+      state.b = +block.value;
+      state.t = Math.round(frac * nBlocks());
+      step.input.max = String(nBlocks());
+      step.input.value = String(state.t);
+      draw();
+    });
+    step.input.addEventListener("input", function () { state.t = +step.input.value; draw(); });
+    draw();
+  }
+
   /* ---- start every explorer on the page ------------------------------------- */
-  var KINDS = { sharpness: sharpness, heads: heads };
+  var KINDS = { sharpness: sharpness, heads: heads, "online-softmax": onlineSoftmax };
 
   function start(root) {
     var kind = KINDS[root.getAttribute("data-explorer")];

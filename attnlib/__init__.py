@@ -12,6 +12,8 @@ The library behind the book. One module per idea, in the order of the chapters:
   keys/values, RoPE and the cache as a subclass of ``MultiHeadAttention``) and latent
   attention (ch. 8)
 - :mod:`attnlib.audit`: is my attention right? diagnose a learner's module, or its KV cache (ch. 9)
+- :mod:`attnlib.blockwise`: attention tile by tile, without the n x n matrix: the online
+  softmax, the log-sum-exp merge, split-K, the backward from the saved log-sum-exp (ch. 10)
 - :mod:`attnlib.plots`, :mod:`attnlib.explorers`: the book's figures, static and interactive
 
 Shared records and the one set of argument checks live in :mod:`attnlib._core`.
@@ -23,6 +25,7 @@ from attnlib import audit
 from attnlib._core import AttentionWeights, assert_rounding_close, rounding_tolerance
 from attnlib.attention import attention, masked_softmax
 from attnlib.audit import AuditReport, diagnose
+from attnlib.blockwise import Partial, blockwise_attention, merge, split_k_attention
 from attnlib.decoding import DecoderAttention, KVCache, LatentAttention, LatentCache
 from attnlib.explorers import head_explorer, sharpness_explorer
 from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
@@ -75,6 +78,11 @@ __all__ = [
     "audit",
     "AuditReport",
     "diagnose",
+    # chapter 10
+    "blockwise_attention",
+    "Partial",
+    "merge",
+    "split_k_attention",
     # interactive figures
     "head_explorer",
     "sharpness_explorer",

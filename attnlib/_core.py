@@ -20,7 +20,8 @@ Every other module imports from here, and the imports form layers with no cycle:
 ``attention`` uses ``_core``; ``decoding`` (RoPE, the caches, grouped weights) uses
 ``attention``; ``multihead`` uses ``attention`` and ``decoding``; ``interop`` uses
 ``_core`` and ``decoding``; ``lowrank``, ``recall`` and ``audit`` use ``multihead``;
-``pretrained`` uses ``interop`` and ``multihead``; ``explorers`` uses ``lowrank``.
+``pretrained`` uses ``interop`` and ``multihead``; ``blockwise`` uses ``attention``;
+``explorers`` uses ``lowrank`` and ``blockwise``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ The HTML is deterministic (no random ids, no timestamps), so strict nbval can co
 it: the root's id is ``explorer-<name>``, and the PNG is drawn by matplotlib's Agg
 backend with no metadata.
 
-Two explorers:
+Three explorers:
 
 - :func:`sharpness_explorer` (chapter 1): the weights of a soft look-up,
   :math:`\alpha = \mathrm{softmax}(\beta\, K q)`, over a grid of sharpness values
@@ -22,6 +22,8 @@ Two explorers:
 - :func:`head_explorer` (chapter 6): every head of a model, as low-rank factors from
   which the page computes the head's attention map for any rank of its
   :math:`W_i^{QK}` (see the function for the formula).
+- :func:`online_softmax_explorer` (chapter 10): one query's keys visited block by block,
+  with the running maximum, running sum and partial output after each block.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from torch import Tensor
 
 from attnlib._core import check_plain, check_tensor, format_shape
 from attnlib.attention import attention
+from attnlib.blockwise import blockwise_attention
 from attnlib.lowrank import QK_NEEDS_NO_ROPE, FactoredMatrix, qk_circuit
 from attnlib.multihead import MultiHeadAttention
 
@@ -50,7 +53,8 @@ if TYPE_CHECKING:  # pragma: no cover
 # matplotlib (and attnlib.plots) are imported where a figure is drawn, so that
 # `import attnlib` does not load matplotlib.
 
-__all__ = ["Explorer", "sharpness_explorer", "head_explorer", "round_array", "from_rounded"]
+__all__ = ["Explorer", "sharpness_explorer", "head_explorer", "online_softmax_explorer",
+           "round_array", "from_rounded"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 
@@ -333,4 +337,80 @@ def head_explorer(
                               title=f"layer {layer0}, head {head0}, full rank")
     alt = (f"Attention map of layer {layer0}, head {head0} on the sentence "
            f"{' '.join(toks0)}: rows are the reading tokens, columns the tokens read.")
+    return Explorer(name, data, fig, alt)
+
+
+# ---- chapter 10: the online softmax, one block of keys at a time ----------------------------
+def online_softmax_explorer(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    blocks: Sequence[int],
+    default: tuple[int, int] = (0, 1),
+    name: str = "online-softmax",
+) -> Explorer:
+    r"""One query's keys visited in blocks: the state of the online softmax after each block.
+
+    For each block size ``b`` in ``blocks`` and each step ``t = 0 .. ceil(n_k / b)`` (blocks
+    visited so far), with the first ``c = min(t b, n_k)`` keys seen:
+
+    .. math::
+        m_t = \max_{j < c} s_j, \qquad \ell_t = \sum_{j < c} e^{s_j - m_t}, \qquad
+        o_t = \frac{1}{\ell_t} \sum_{j < c} e^{s_j - m_t}\, v_j ,
+
+    computed by :func:`attnlib.blockwise.blockwise_attention` over the first ``c`` keys
+    (``o_t`` its output, :math:`m_t + \log \ell_t` its log-sum-exp), with
+    :math:`s = q K^\top / \sqrt{d_k}`. At the last step :math:`o_t` is the attention output.
+
+    Shapes: ``q`` ``(d_k,)``, ``keys`` ``(n_k, d_k)``, ``values`` ``(n_k, d_v)``; ``blocks``:
+    increasing block sizes from 1 to ``n_k``. ``default``: (index into ``blocks``, step) of the
+    first view. Embedded (computed in float64): the scores (4 decimals), and per block size and
+    step :math:`m_t, \ell_t` (4 decimals) and :math:`o_t` (4 decimals); step 0 has no keys:
+    ``m = ell = 0`` stand for :math:`-\infty` and 0, and ``o = 0``.
+    """
+    if check_tensor("q", q).dim() != 1:
+        raise ValueError(f"q must be one query of shape (d_k,), got {format_shape(q)}")
+    for arg, t in (("keys", keys), ("values", values)):
+        if check_tensor(arg, t).dim() != 2:
+            raise ValueError(f"{arg} must be a 2-D tensor, got {format_shape(t)}")
+    n_k = int(keys.shape[0])
+    if keys.shape[1] != q.shape[0] or values.shape[0] != n_k:
+        raise ValueError(f"keys must be (n_k, d_k = {q.shape[0]}) and values (n_k, d_v) with one n_k, "
+                         f"got keys {format_shape(keys)} and values {format_shape(values)}")
+    bs = list(blocks)
+    if (not bs or any(isinstance(b, bool) or not isinstance(b, int) for b in bs)
+            or any(not 1 <= b <= n_k for b in bs) or any(a >= b for a, b in zip(bs, bs[1:]))):
+        raise ValueError(f"blocks must be increasing ints from 1 to n_k = {n_k}, got {list(blocks)!r}")
+    b_idx, step0 = default
+    if not (0 <= b_idx < len(bs) and 0 <= step0 <= -(-n_k // bs[b_idx])):
+        raise ValueError(f"default must be (an index into blocks < {len(bs)}, a step of that block size), got {default!r}")
+    f64 = torch.float64
+    q64, k64, v64 = (t.detach().to(f64) for t in (q, keys, values))
+    scores = (k64 @ q64) / math.sqrt(q.shape[0])  # (n_k,)
+    per_block: list[dict[str, list[Any]]] = []
+    for b in bs:
+        m, ell, outs = [0.0], [0.0], [[0.0] * v64.shape[1]]
+        for step in range(1, -(-n_k // b) + 1):
+            c = min(step * b, n_k)
+            r = blockwise_attention(q64, k64[:c], v64[:c], block_k=b)  # out (d_v,), lse ()
+            m_t = float(scores[:c].max())
+            m.append(round(m_t, 4) + 0.0)
+            ell.append(round(math.exp(float(r.lse) - m_t), 4) + 0.0)
+            outs.append([round(float(x), 4) + 0.0 for x in r.out])
+        per_block.append({"m": m, "ell": ell, "out": outs})
+    data = {
+        "scores": [round(float(x), 4) + 0.0 for x in scores],
+        "blocks": bs,
+        "dv": int(values.shape[1]),
+        "default": [b_idx, step0],
+        "steps": per_block,
+    }
+    from attnlib import plots
+
+    b0 = bs[b_idx]
+    seen = min(step0 * b0, n_k)
+    fig = plots.online_softmax_steps(scores, b0, seen, per_block[b_idx]["m"][step0],
+                                     title=f"block size {b0}, after {step0} block(s)")
+    alt = (f"Bar chart of one query's {n_k} scores; the first {seen} keys, visited in blocks of {b0}, "
+           f"are solid, with the running maximum {per_block[b_idx]['m'][step0]:.2f} as a dashed line.")
     return Explorer(name, data, fig, alt)

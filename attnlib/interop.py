@@ -48,6 +48,7 @@ from attnlib._core import (
     check_head_mask,
     check_positive_int,
     check_tensor,
+    rounding_tolerance,
     format_shape,
     pack_qkv,
     read_torch_mha,
@@ -55,6 +56,7 @@ from attnlib._core import (
     write_torch_mha,
 )
 from attnlib.decoding import GroupedAttentionWeights
+from attnlib.decoding.rope import rope_inv_freq
 
 __all__ = [
     "AttentionWeights",
@@ -598,9 +600,16 @@ def read_llama(
         if not isinstance(layer, nn.Linear):
             raise TypeError(f"attn.{name} must be an nn.Linear, got {type(layer).__name__}")
         layers[name] = layer
-    extra = sorted({n for n, _ in attn.named_children()} - set(layers))
+    # RoPE's frequencies, as a buffer ``inv_freq`` (on the module or on a child that holds
+    # nothing else, e.g. an older ``rotary_emb``), are checked against rope_base below
+    freqs = {n: b for n, b in attn.named_buffers() if n.split(".")[-1] == "inv_freq"}
+    rope_children = {n.split(".")[0] for n in freqs if "." in n}
+    extra = sorted({n for n, _ in attn.named_children()} - set(layers) - rope_children)
+    extra += sorted(n for n, _ in attn.named_parameters() if n.split(".")[0] in rope_children)
+    extra += sorted(n for n, _ in attn.named_buffers()
+                    if n.split(".")[0] in rope_children and n not in freqs)
     extra += sorted(n for n, _ in attn.named_parameters(recurse=False))
-    extra += sorted(n for n, _ in attn.named_buffers(recurse=False))
+    extra += sorted(n for n, _ in attn.named_buffers(recurse=False) if n not in freqs)
     if extra:  # e.g. Qwen3's q_norm, k_norm: they change the function, and would be dropped
         raise ValueError(
             f"attn ({type(attn).__name__}) has {', '.join(extra)} besides q_proj, k_proj, v_proj, "
@@ -649,6 +658,18 @@ def read_llama(
     if d_k == 0 or w_q.shape[0] % num_heads:
         raise ValueError(f"q_proj has {w_q.shape[0]} outputs, not a multiple of num_heads={num_heads}")
     g = max(1, layers["k_proj"].out_features // d_k)  # a misfit shows in GroupedAttentionWeights' check
+    for name, inv_freq in freqs.items():  # RoPE's frequencies must be those of rope_base
+        if rope_base is None:
+            raise ValueError(f"attn has RoPE frequencies ({name}) but no rope_base: pass rope_base=")
+        want = rope_inv_freq(d_k, rope_base, dtype=torch.float64)  # (d_k/2,)
+        got = inv_freq.detach().to(torch.float64).flatten()
+        # computed in float32 by a power, a division and a cast: a few float32 roundings
+        tol = rounding_tolerance(torch.float32, 8)
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=0.0):
+            raise ValueError(
+                f"attn.{name} holds RoPE frequencies other than rope_base={rope_base:g}'s for d_k={d_k} "
+                f"(scaled or another layout): read_llama reads the default RoPE only"
+            )
     biases = {n: layers[f"{n}_proj"].bias for n in "qkvo"}
     any_bias = any(b is not None for b in biases.values())
 

@@ -533,3 +533,42 @@ def cache_bytes(
     ax.set_xlim(kib.min() / 2, kib.max() * 12)
     _finish_figure(ax, "cache per token (KiB, log scale)", "", title, grid="x")
     return fig
+
+
+# ---- chapter 10: attention without the n x n matrix -------------------------------------
+__all__ += ["online_softmax_steps"]
+
+
+def online_softmax_steps(
+    scores: torch.Tensor | np.ndarray,
+    block: int,
+    seen: int,
+    running_max: float,
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """One query's scores ``(n_k,)`` as bars, visited in blocks of ``block`` keys: the first
+    ``seen`` keys drawn solid (the last block of them highlighted), the rest faint, block
+    boundaries dotted, and the running maximum of the seen scores as a dashed line."""
+    s = _to_numpy(scores)
+    if s.ndim != 1 or s.size == 0:
+        raise ValueError(f"scores must have shape (n_k,) with n_k >= 1, got {s.shape}")
+    n = s.size
+    if not (isinstance(block, int) and 1 <= block <= n):
+        raise ValueError(f"block must be an int from 1 to n_k = {n}, got {block!r}")
+    if not (isinstance(seen, int) and 0 <= seen <= n):
+        raise ValueError(f"seen must be an int from 0 to n_k = {n}, got {seen!r}")
+    fig, ax = _axes(ax, (6.4, 3.0))
+    last = max(0, seen - ((seen - 1) % block + 1)) if seen else 0  # first key of the last block seen
+    colours = ["C1" if last <= j < seen else "C0" if j < seen else "0.8" for j in range(n)]
+    ax.bar(np.arange(n), s, color=colours)
+    for b in range(block, n, block):
+        ax.axvline(b - 0.5, color="0.5", linestyle=":", linewidth=1)
+    if seen:
+        ax.axhline(running_max, color="C3", linestyle="--", linewidth=1.2,
+                   label=f"running max m = {running_max:.2f}")
+        ax.legend(loc="lower right", fontsize="small")
+    ax.axhline(0, color="0.3", linewidth=0.6)
+    ax.set_xticks(range(n), [str(j) for j in range(n)])
+    _finish_figure(ax, "key j (visited left to right, in blocks)", "score $s_j$", title, grid="y")
+    return fig

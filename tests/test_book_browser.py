@@ -487,7 +487,7 @@ def explorer_pages(site: str) -> dict[str, list[str]]:
 def test_the_book_has_its_explorers(explorer_pages: dict[str, list[str]]) -> None:
     """Guards the tests below against passing on a book without interactive figures."""
     names = [i for ids in explorer_pages.values() for i in ids]
-    assert "explorer-sharpness" in names and "explorer-heads" in names, explorer_pages
+    assert {"explorer-sharpness", "explorer-heads", "explorer-online-softmax"} <= set(names), explorer_pages
     assert len(names) == len(set(names))
 
 

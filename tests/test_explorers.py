@@ -23,6 +23,7 @@ from attnlib.explorers import (  # noqa: E402
     Explorer,
     from_rounded,
     head_explorer,
+    online_softmax_explorer,
     round_array,
     sharpness_explorer,
 )
@@ -250,3 +251,51 @@ def test_head_explorer_refuses_rope_groups_and_mixed_dtypes_up_front() -> None:
         head_explorer(mhas, [xs[0], xs[1].float()], toks)
     with pytest.raises(ValueError, match=r"inputs\[0\] has dtype torch.float64 but mhas\[0\]'s weights have dtype torch.float32"):
         head_explorer([m.float() for m in mhas], xs, toks)
+
+
+# ---- online_softmax_explorer -----------------------------------------------------------
+def _row() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(4, generator=g, dtype=torch.float64), torch.randn(7, 4, generator=g, dtype=torch.float64),
+            torch.randn(7, 2, generator=g, dtype=torch.float64))
+
+
+def test_online_softmax_explorer_holds_the_running_state_after_each_block() -> None:
+    q, k, v = _row()
+    ex = online_softmax_explorer(q, k, v, [1, 3, 7], default=(1, 2))
+    d = ex.data
+    s = (k @ q) / 2.0  # (7,), 1/sqrt(d_k) = 1/2
+    assert np.abs(np.array(d["scores"]) - s.numpy()).max() <= 5e-5
+    assert d["blocks"] == [1, 3, 7] and d["dv"] == 2 and d["default"] == [1, 2]
+    for b, steps in zip(d["blocks"], d["steps"]):
+        n_steps = -(-7 // b)
+        assert len(steps["m"]) == len(steps["ell"]) == len(steps["out"]) == n_steps + 1
+        assert steps["m"][0] == steps["ell"][0] == 0 and steps["out"][0] == [0, 0]
+        for t in range(1, n_steps + 1):
+            c = min(t * b, 7)
+            m = s[:c].max()
+            assert abs(steps["m"][t] - m.item()) <= 5e-5
+            assert abs(steps["ell"][t] - torch.exp(s[:c] - m).sum().item()) <= 5e-5
+            out, _ = attention(q, k[:c], v[:c])  # what the first c keys give
+            assert np.abs(np.array(steps["out"][t]) - out.numpy()).max() <= 5e-5
+        assert np.abs(np.array(steps["out"][-1]) - attention(q, k, v)[0].numpy()).max() <= 5e-5
+    html = ex._repr_html_()
+    assert 'data-explorer="online-softmax"' in html and 'id="explorer-online-softmax"' in html
+    assert html == online_softmax_explorer(q, k, v, [1, 3, 7], default=(1, 2))._repr_html_()  # deterministic
+
+
+def test_online_softmax_explorer_rejects_bad_input() -> None:
+    q, k, v = _row()
+    with pytest.raises(ValueError, match=r"q must be one query of shape \(d_k,\), got \(1, 4\)"):
+        online_softmax_explorer(q[None], k, v, [1])
+    with pytest.raises(TypeError, match="keys must be a torch.Tensor"):
+        online_softmax_explorer(q, k.tolist(), v, [1])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"values must be a 2-D tensor, got \(7,\)"):
+        online_softmax_explorer(q, k, v[:, 0], [1])
+    with pytest.raises(ValueError, match="keys must be \\(n_k, d_k = 4\\)"):
+        online_softmax_explorer(q, k[:, :3], v, [1])
+    for blocks in ([], [0], [2, 2], [8], [True], [1.5]):
+        with pytest.raises(ValueError, match="blocks must be increasing ints from 1 to n_k = 7"):
+            online_softmax_explorer(q, k, v, blocks)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="default must be"):
+        online_softmax_explorer(q, k, v, [1, 3], default=(1, 4))

@@ -200,3 +200,22 @@ def test_read_llama_refuses_what_it_cannot_map() -> None:
     layers.register_parameter("scale", nn.Parameter(torch.ones(())))
     with pytest.raises(ValueError, match="has scale besides"):
         read_llama(layers, num_heads=6)
+
+
+def test_read_llama_accepts_default_rope_frequencies_and_refuses_others() -> None:
+    """An inv_freq buffer (older Llama code keeps one in the attention module) is read
+    when it holds rope_base's frequencies, and refused when it holds scaled ones."""
+    from attnlib.decoding import rope_inv_freq
+
+    d, h = 16, 2
+    attn = nn.Module()
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        setattr(attn, name, nn.Linear(d, d, bias=False))
+    attn.register_buffer("inv_freq", rope_inv_freq(d // h, 100.0, dtype=torch.float32))
+    weights = read_llama(attn, num_heads=h, rope_base=100.0)
+    assert weights.rope_base == 100.0
+    with pytest.raises(ValueError, match="no rope_base: pass rope_base="):
+        read_llama(attn, num_heads=h)
+    attn.inv_freq = attn.inv_freq / 4  # linearly scaled positions
+    with pytest.raises(ValueError, match="RoPE frequencies other than rope_base=100"):
+        read_llama(attn, num_heads=h, rope_base=100.0)

@@ -260,3 +260,20 @@ def test_cache_bytes_rejects_bad_input() -> None:
         plots.cache_bytes({"a": 1.0, "b": 0.0})
     with pytest.raises(ValueError, match=r"missing \['b'\], extra \['z'\]"):
         plots.cache_bytes({"a": 1.0, "b": 2.0}, groups={"a": "g", "z": "g"})
+
+
+def test_online_softmax_steps() -> None:
+    s = torch.tensor([0.5, -1.0, 2.0, 0.3, 1.0])
+    fig = plots.online_softmax_steps(s, block=2, seen=4, running_max=2.0, title="t")
+    _labelled(fig)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 5 and ax.get_title() == "t"
+    faces = [p.get_facecolor() for p in ax.patches]
+    assert faces[2] == faces[3] != faces[0] and faces[4] != faces[0]  # last block seen, unseen
+    assert "running max m = 2.00" in [t.get_text() for t in ax.get_legend().get_texts()]
+    for kwargs, match in [(dict(block=0, seen=1), "block must be an int from 1 to n_k = 5"),
+                          (dict(block=2, seen=6), "seen must be an int from 0 to n_k = 5")]:
+        with pytest.raises(ValueError, match=match):
+            plots.online_softmax_steps(s, running_max=0.0, **kwargs)
+    with pytest.raises(ValueError, match=r"scores must have shape \(n_k,\)"):
+        plots.online_softmax_steps(torch.rand(2, 2), 1, 1, 0.0)

@@ -1,0 +1,522 @@
+r"""Attention without the n x n matrix: blockwise, online softmax (chapter 10).
+
+:func:`attnlib.attention` writes out the scores and the weights, two ``(n_q, n_k)``
+matrices. This module computes the same output one tile of keys at a time, keeping per
+query only a running maximum :math:`m`, a running sum :math:`\ell` and an unnormalised
+output (the *online softmax* of Milakov & Gimelshein 2018; Rabe & Staats 2021), with
+queries tiled as well (FlashAttention, Dao et al. 2022). Its pieces:
+
+- :class:`Partial` and :func:`attend_block`: attention over *some* of the keys, kept as
+  the normalised output and the log-sum-exp of its scores;
+- :func:`merge`: two partials over disjoint sets of keys -> the partial over their union
+  (the log-sum-exp combine; Flash-Decoding's split-K reduction, Dao et al. 2023);
+- :func:`blockwise_attention`: the tiled loop (forward and backward), which never holds
+  more than one ``(block_q, block_k)`` tile of scores, and skips tiles the mask rules out;
+- :func:`split_k_attention`: the keys split among ``num_splits`` workers, then merged;
+- :func:`intermediate_bytes`: the bytes of the intermediates each algorithm holds.
+
+Masks follow :func:`attnlib.attention`: boolean, ``True`` = may attend, broadcastable to the
+scores ``(..., n_q, n_k)``. A query with no allowed key gets a zero output, a log-sum-exp of
+``-inf`` and zero gradients, as :func:`attnlib.attention` defines it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnlib._core import check_mask, check_positive_int, check_tensor, format_shape
+from attnlib.attention import _check_qkv, _check_scale, attention
+
+__all__ = [
+    "Partial",
+    "BlockwiseResult",
+    "attend_block",
+    "merge",
+    "blockwise_attention",
+    "split_k_attention",
+    "tile_counts",
+    "intermediate_bytes",
+    "rounding_bound",
+    "gradient_rounding_bound",
+]
+
+
+class Partial(NamedTuple):
+    r"""Attention of each query over a subset :math:`S` of the keys.
+
+    - ``out``: ``(..., n_q, d_v)``, :math:`\sum_{j \in S} e^{s_j - \mathrm{lse}}\, v_j`, the
+      output as if :math:`S` were all the keys (0 where no key of :math:`S` is allowed);
+    - ``lse``: ``(..., n_q)``, :math:`\log \sum_{j \in S} e^{s_j}` over the allowed keys
+      (``-inf`` where there is none).
+    """
+
+    out: Tensor
+    lse: Tensor
+
+
+class BlockwiseResult(NamedTuple):
+    """What :func:`blockwise_attention` returns: the output ``(..., n_q, d_v)``, the
+    log-sum-exp of each query's scores ``(..., n_q)`` (``-inf`` for a query with no allowed
+    key), and how many ``(block_q, block_k)`` tiles were computed and skipped."""
+
+    out: Tensor
+    lse: Tensor
+    computed: int
+    skipped: int
+
+
+# ---- one block, and the merge of two -------------------------------------------------------
+def _safe(m: Tensor) -> Tensor:
+    """``m`` with ``-inf`` replaced by 0: the shift for a row with no allowed key, whose
+    exponentials are then ``exp(-inf) = 0`` instead of ``exp(-inf - -inf) = NaN``."""
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def _scores(q: Tensor, k: Tensor, scale: float, mask: Tensor | None) -> Tensor:
+    s = (q @ k.transpose(-2, -1)) * scale  # (..., b_q, b_k)
+    return s if mask is None else s.masked_fill(~mask, float("-inf"))
+
+
+def attend_block(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None
+) -> Partial:
+    r"""Exact attention of the queries over one block of keys, as a :class:`Partial`.
+
+    .. math::
+        m = \max_j s_j, \quad \mathrm{lse} = m + \log \sum_j e^{s_j - m}, \quad
+        \mathrm{out} = \sum_j e^{s_j - \mathrm{lse}}\, v_j, \qquad s = q K^\top \cdot \mathrm{scale}.
+
+    Shapes: ``q`` ``(..., n_q, d_k)``, ``k`` ``(..., b, d_k)``, ``v`` ``(..., b, d_v)``, ``mask``
+    bool broadcastable to ``(..., n_q, b)``; returns ``out`` ``(..., n_q, d_v)`` and ``lse``
+    ``(..., n_q)``. ``scale`` defaults to :math:`1/\sqrt{d_k}`.
+    """
+    if check_tensor("q", q).dim() < 2:
+        raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
+    batch = _check_qkv(q, k, v)
+    if mask is not None:
+        check_mask(mask, batch + (q.shape[-2], k.shape[-2]))
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _check_scale(scale)
+    s = _scores(q, k, sc, mask)  # (..., n_q, b)
+    m = _safe(s.amax(-1))  # (..., n_q)
+    p = torch.exp(s - m[..., None])  # (..., n_q, b), 0 where masked
+    total = p.sum(-1)  # (..., n_q), 0 for a query with no allowed key
+    out = (p @ v) / torch.where(total > 0, total, torch.ones_like(total))[..., None]  # (..., n_q, d_v)
+    return Partial(out, m + torch.log(total))  # log 0 = -inf: no allowed key
+
+
+def merge(a: Partial, b: Partial) -> Partial:
+    r"""The partial over the union of two disjoint sets of keys (the log-sum-exp combine).
+
+    .. math::
+        \mathrm{lse} = \log\!\left(e^{\mathrm{lse}_a} + e^{\mathrm{lse}_b}\right), \qquad
+        \mathrm{out} = e^{\mathrm{lse}_a - \mathrm{lse}}\, \mathrm{out}_a
+                     + e^{\mathrm{lse}_b - \mathrm{lse}}\, \mathrm{out}_b .
+
+    The two factors are the shares of the softmax's mass that each set holds; they sum to 1.
+    Exact in real arithmetic, commutative and associative, so partials can be merged in any
+    order and grouping. A query empty on both sides stays ``out = 0``, ``lse = -inf``.
+
+    Shapes: ``a.out``, ``b.out`` ``(..., n_q, d_v)``; ``a.lse``, ``b.lse`` ``(..., n_q)``.
+    """
+    for name, p in (("a", a), ("b", b)):
+        if not isinstance(p, Partial):
+            raise TypeError(f"{name} must be an attnlib.blockwise.Partial, got {type(p).__name__}")
+        if p.lse.shape != p.out.shape[:-1]:
+            raise ValueError(f"{name}.lse must have shape {format_shape(p.out.shape[:-1])} "
+                             f"(that of {name}.out without its last axis), got {format_shape(p.lse)}")
+    if a.out.shape != b.out.shape:
+        raise ValueError(f"a.out and b.out must have one shape, got {format_shape(a.out)} and {format_shape(b.out)}")
+    lse = torch.logaddexp(a.lse, b.lse)  # (..., n_q); -inf only if both are
+    shift = _safe(lse)
+    w_a = torch.exp(a.lse - shift)[..., None]  # (..., n_q, 1), a's share of the mass
+    w_b = torch.exp(b.lse - shift)[..., None]  # (..., n_q, 1)
+    return Partial(w_a * a.out + w_b * b.out, lse)
+
+
+# ---- the tiled loop ---------------------------------------------------------------------------
+def tile_counts(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool = False) -> tuple[int, int]:
+    """``(computed, skipped)``: how many ``(block_q, block_k)`` tiles of an ``n_q x n_k`` score
+    matrix :func:`blockwise_attention` computes and skips with only the causal rule (no other
+    mask). A tile is skipped when its first key lies after its last query's position."""
+    for name, x in (("n_q", n_q), ("n_k", n_k), ("block_q", block_q), ("block_k", block_k)):
+        check_positive_int(name, x)
+    tq, tk = -(-n_q // block_q), -(-n_k // block_k)
+    if not causal:
+        return tq * tk, 0
+    offset = n_k - n_q  # query i sits at position offset + i
+    skipped = sum(1 for i in range(tq) for j in range(tk)
+                  if j * block_k > offset + min((i + 1) * block_q, n_q) - 1)
+    return tq * tk - skipped, skipped
+
+
+def _causal_tile(i0: int, i1: int, j0: int, j1: int, offset: int, device: torch.device) -> Tensor:
+    """The causal mask of one tile, ``(i1 - i0, j1 - j0)``: key ``j`` <= query position ``offset + i``."""
+    rows = torch.arange(i0, i1, device=device)[:, None] + offset  # (b_q, 1)
+    return torch.arange(j0, j1, device=device)[None, :] <= rows  # (b_q, b_k)
+
+
+def _tile_mask(mask: Tensor | None, causal: bool, i0: int, i1: int, j0: int, j1: int,
+               offset: int, device: torch.device) -> tuple[Tensor | None, bool]:
+    """The mask of tile ``[i0:i1, j0:j1]`` (or None: all allowed) and whether it allows nothing."""
+    tile = None if mask is None else mask[..., i0:i1, j0:j1]  # (..., b_q, b_k)
+    if causal:
+        if j0 > offset + i1 - 1:  # every key after every query of the tile
+            return None, True
+        if j1 - 1 > offset + i0:  # the diagonal crosses the tile
+            c = _causal_tile(i0, i1, j0, j1, offset, device)  # (b_q, b_k)
+            tile = c if tile is None else tile & c
+    return tile, tile is not None and not bool(tile.any())
+
+
+def _prepare(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None,
+             block_q: int, block_k: int, causal: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None, float, bool]:
+    """Check the arguments; broadcast to one batch shape (views); a single query gets its axis."""
+    batch = _check_qkv(q, k, v)
+    check_positive_int("block_q", block_q)
+    check_positive_int("block_k", block_k)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _check_scale(scale)
+    single = q.dim() == 1
+    n_k = k.shape[-2]
+    if single:
+        if mask is not None and mask.dim() >= 1:
+            check_mask(mask, batch + (n_k,))  # against the scores (..., n_k)
+            mask = mask.unsqueeze(-2)  # (..., 1, n_k)
+        q = q.unsqueeze(0)  # (1, d_k)
+    n_q = q.shape[-2]
+    if causal and n_k < n_q:
+        raise ValueError(f"causal attention needs n_k >= n_q (the queries are the last n_q of the n_k "
+                         f"positions): q has shape {format_shape(q)}, k has shape {format_shape(k)}")
+    if mask is not None:
+        check_mask(mask, batch + (n_q, n_k))
+        mask = mask.expand(batch + (n_q, n_k))  # (..., n_q, n_k), a view
+    q = q.expand(batch + q.shape[-2:])  # (..., n_q, d_k), a view
+    k = k.expand(batch + k.shape[-2:])  # (..., n_k, d_k)
+    v = v.expand(batch + v.shape[-2:])  # (..., n_k, d_v)
+    return q, k, v, mask, sc, single
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+             block_q: int, block_k: int, causal: bool) -> BlockwiseResult:
+    """The FlashAttention loop over tiles: per query tile a running max, sum and output."""
+    n_q, n_k, offset = q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2]
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])  # (..., n_q, d_v)
+    lse = q.new_empty(q.shape[:-1])  # (..., n_q)
+    computed = skipped = 0
+    for i0 in range(0, n_q, block_q):
+        i1 = min(i0 + block_q, n_q)
+        q_i = q[..., i0:i1, :]  # (..., b_q, d_k)
+        m = torch.full(q_i.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., b_q) running max
+        ell = torch.zeros_like(m)  # (..., b_q) running sum of exp(s - m)
+        acc = q.new_zeros(q_i.shape[:-1] + v.shape[-1:])  # (..., b_q, d_v) running sum of exp(s - m) v
+        for j0 in range(0, n_k, block_k):
+            j1 = min(j0 + block_k, n_k)
+            tile, empty = _tile_mask(mask, causal, i0, i1, j0, j1, offset, q.device)
+            if empty:
+                skipped += 1
+                continue
+            computed += 1
+            s = _scores(q_i, k[..., j0:j1, :], scale, tile)  # (..., b_q, b_k): the only scores held
+            m_new = torch.maximum(m, s.amax(-1))  # (..., b_q)
+            shift = _safe(m_new)
+            p = torch.exp(s - shift[..., None])  # (..., b_q, b_k), 0 where masked
+            rescale = torch.exp(m - shift)  # (..., b_q): the old sums were relative to the old max
+            ell = rescale * ell + p.sum(-1)  # (..., b_q)
+            acc = rescale[..., None] * acc + p @ v[..., j0:j1, :]  # (..., b_q, d_v)
+            m = m_new
+        out[..., i0:i1, :] = acc / torch.where(ell > 0, ell, torch.ones_like(ell))[..., None]
+        lse[..., i0:i1] = m + torch.log(ell)  # -inf where no key was allowed
+    return BlockwiseResult(out, lse, computed, skipped)
+
+
+def _backward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, block_q: int,
+              block_k: int, causal: bool, out: Tensor, lse: Tensor, d_out: Tensor,
+              d_lse: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Gradients from the saved log-sum-exp, one tile at a time (FlashAttention-2's backward).
+
+    Per tile: :math:`P = e^{S - \mathrm{lse}}` (recomputed, exact weights),
+    :math:`dV \mathrel{+}= P^\top dO`, :math:`dP = dO\, V^\top`,
+    :math:`dS = P \circ (dP - D + d\mathrm{lse})` with :math:`D = \mathrm{rowsum}(dO \circ O)`,
+    :math:`dQ \mathrel{+}= dS\, K \cdot \mathrm{scale}`, :math:`dK \mathrel{+}= dS^\top Q \cdot \mathrm{scale}`.
+    """
+    n_q, n_k, offset = q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2]
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    D = (d_out * out).sum(-1)  # (..., n_q) = sum_j P_ij dP_ij
+    if d_lse is not None:
+        D = D - torch.where(torch.isfinite(lse), d_lse, torch.zeros_like(d_lse))  # d lse_i / d s_ij = P_ij
+    shift = _safe(lse)
+    for i0 in range(0, n_q, block_q):
+        i1 = min(i0 + block_q, n_q)
+        for j0 in range(0, n_k, block_k):
+            j1 = min(j0 + block_k, n_k)
+            tile, empty = _tile_mask(mask, causal, i0, i1, j0, j1, offset, q.device)
+            if empty:
+                continue
+            s = _scores(q[..., i0:i1, :], k[..., j0:j1, :], scale, tile)  # (..., b_q, b_k)
+            p = torch.exp(s - shift[..., i0:i1, None])  # (..., b_q, b_k): the weights; 0 where masked
+            do_i = d_out[..., i0:i1, :]  # (..., b_q, d_v)
+            dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_i  # (..., b_k, d_v)
+            dp = do_i @ v[..., j0:j1, :].transpose(-2, -1)  # (..., b_q, b_k)
+            ds = p * (dp - D[..., i0:i1, None]) * scale  # (..., b_q, b_k)
+            dq[..., i0:i1, :] += ds @ k[..., j0:j1, :]  # (..., b_q, d_k)
+            dk[..., j0:j1, :] += ds.transpose(-2, -1) @ q[..., i0:i1, :]  # (..., b_k, d_k)
+    return dq, dk, dv
+
+
+class _BlockwiseFunction(torch.autograd.Function):
+    """Forward by :func:`_forward`; saves only q, k, v, the output and the log-sum-exp
+    (no ``n x n`` tensor), and recomputes each tile's weights in :func:`_backward`."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+                block_q: int, block_k: int, causal: bool) -> tuple[Tensor, Tensor]:
+        res = _forward(q, k, v, mask, scale, block_q, block_k, causal)
+        ctx.save_for_backward(q, k, v, res.out, res.lse)
+        ctx.mask, ctx.args = mask, (scale, block_q, block_k, causal)
+        return res.out, res.lse
+
+    @staticmethod
+    def backward(ctx: Any, d_out: Tensor, d_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        scale, block_q, block_k, causal = ctx.args
+        dq, dk, dv = _backward(q, k, v, ctx.mask, scale, block_q, block_k, causal, out, lse, d_out, d_lse)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _tile_counts_of(mask: Tensor | None, causal: bool, n_q: int, n_k: int,
+                   block_q: int, block_k: int) -> tuple[int, int]:
+    """``(computed, skipped)`` tiles for a given mask (``(..., n_q, n_k)`` or None) and causal flag."""
+    computed = skipped = 0
+    offset = n_k - n_q
+    for i0 in range(0, n_q, block_q):
+        for j0 in range(0, n_k, block_k):
+            _, empty = _tile_mask(mask, causal, i0, min(i0 + block_q, n_q), j0, min(j0 + block_k, n_k),
+                                  offset, torch.device("cpu") if mask is None else mask.device)
+            skipped += empty
+            computed += not empty
+    return computed, skipped
+
+
+def blockwise_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    *,
+    block_q: int = 128,
+    block_k: int = 128,
+    causal: bool = False,
+) -> BlockwiseResult:
+    r""":func:`attnlib.attention`'s output, computed tile by tile without the ``n_q x n_k`` matrix.
+
+    For each tile of ``block_q`` queries, the keys are visited in tiles of ``block_k``,
+    keeping per query a running maximum :math:`m`, sum :math:`\ell` and output :math:`a`:
+
+    .. math::
+        m' = \max(m, \max_j s_j), \quad
+        \ell' = e^{m - m'} \ell + \sum_j e^{s_j - m'}, \quad
+        a' = e^{m - m'} a + \sum_j e^{s_j - m'} v_j ,
+
+    and at the end :math:`\mathrm{out} = a / \ell`, :math:`\mathrm{lse} = m + \log \ell`.
+    A tile whose mask allows nothing is skipped (not computed). With ``causal=True`` query
+    ``i`` may attend key ``j <= n_k - n_q + i`` (the queries are the last ``n_q`` positions,
+    as :func:`attnlib.decoding.causal_mask`); the causal tiles are made one at a time and
+    tiles wholly above the diagonal are skipped. Differentiable: the backward recomputes each
+    tile's weights from the saved log-sum-exp (no ``n x n`` tensor is saved either).
+
+    Shapes (as :func:`attnlib.attention`): ``q`` ``(..., n_q, d_k)`` or ``(d_k,)``; ``k``
+    ``(..., n_k, d_k)``; ``v`` ``(..., n_k, d_v)``; ``mask`` bool, ``True`` = may attend,
+    broadcastable to ``(..., n_q, n_k)`` (``(..., n_k)`` for a single query). Returns
+    ``out`` ``(..., n_q, d_v)``, ``lse`` ``(..., n_q)`` (without the ``n_q`` axis for a single
+    query), and the numbers of tiles computed and skipped.
+
+    A query with no allowed key: ``out = 0``, ``lse = -inf``, zero gradients.
+
+    Raises:
+        TypeError: a non-tensor input; a non-int block size; ``causal`` not a bool; ``scale``
+            not a real number.
+        ValueError: what :func:`attnlib.attention` refuses; a block size below 1;
+            ``causal=True`` with fewer keys than queries.
+    """
+    q, k, v, mask, sc, single = _prepare(q, k, v, mask, scale, block_q, block_k, causal)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out, lse = _BlockwiseFunction.apply(q, k, v, mask, sc, block_q, block_k, causal)
+        computed, skipped = _tile_counts_of(mask, causal, q.shape[-2], k.shape[-2], block_q, block_k)
+        res = BlockwiseResult(out, lse, computed, skipped)
+    else:
+        res = _forward(q, k, v, mask, sc, block_q, block_k, causal)
+    if single:
+        return BlockwiseResult(res.out.squeeze(-2), res.lse.squeeze(-1), res.computed, res.skipped)
+    return res
+
+
+
+
+def split_k_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None,
+    *, num_splits: int, block_k: int = 128,
+) -> tuple[Tensor, list[Partial]]:
+    r"""Split the keys among ``num_splits`` workers, attend in each, merge (Flash-Decoding).
+
+    Worker ``w`` gets the keys ``[w n_k / S, (w+1) n_k / S)`` (as equal as possible) and
+    computes its :class:`Partial` with :func:`blockwise_attention`; :func:`merge` combines the
+    partials. Meant for few queries against a long key/value cache, where tiling the queries
+    leaves too little work to share out.
+
+    Shapes as :func:`blockwise_attention` (``q`` may be ``(d_k,)``). Returns the output
+    ``(..., n_q, d_v)`` and the workers' partials, in key order.
+
+    Raises:
+        TypeError, ValueError: as :func:`blockwise_attention`; ``num_splits`` not an int from 1
+            to ``n_k``.
+    """
+    q, k, v, mask, sc, single = _prepare(q, k, v, mask, scale, 1, block_k, False)
+    n_k = k.shape[-2]
+    check_positive_int("num_splits", num_splits)
+    if num_splits > n_k:
+        raise ValueError(f"num_splits must be at most n_k = {n_k} (one key per worker at least), got {num_splits}")
+    bounds = [w * n_k // num_splits for w in range(num_splits + 1)]
+    parts = []
+    for w in range(num_splits):  # independent: each could run on its own core or GPU block
+        a, b = bounds[w], bounds[w + 1]
+        m_w = None if mask is None else mask[..., a:b]  # (..., n_q, b - a)
+        r = blockwise_attention(q, k[..., a:b, :], v[..., a:b, :], m_w, sc,
+                                block_q=max(q.shape[-2], 1), block_k=block_k)
+        parts.append(Partial(r.out, r.lse))
+    total = parts[0]
+    for p in parts[1:]:
+        total = merge(total, p)
+    out = total.out.squeeze(-2) if single else total.out
+    if single:
+        parts = [Partial(p.out.squeeze(-2), p.lse.squeeze(-1)) for p in parts]
+    return out, parts
+
+
+# ---- memory -------------------------------------------------------------------------------------
+def intermediate_bytes(
+    n_q: int, n_k: int, d_v: int, *, block_q: int | None = None, block_k: int | None = None,
+    batch: int = 1, dtype: torch.dtype = torch.float32,
+) -> int:
+    r"""Bytes of the intermediates one attention call holds at its peak, inputs and output excluded.
+
+    - naive (``block_q`` and ``block_k`` None), :func:`attnlib.attention`: the scores and the
+      weights, two ``(n_q, n_k)`` matrices: :math:`2\, n_q n_k` numbers;
+    - blockwise: one tile of scores and one of exponentials, two ``(b_q, b_k)``, plus the
+      running state of one query tile, :math:`m, \ell` ``(b_q,)`` and the output accumulator
+      ``(b_q, d_v)``, plus the log-sum-exp kept for the backward, ``(n_q,)``:
+      :math:`2 b_q b_k + b_q (2 + d_v) + n_q` numbers.
+
+    Times ``batch`` (batch entries times heads) and the dtype's size. The temporaries of one
+    elementwise step (a rescale factor, a masked copy) are left out of both counts.
+    """
+    for name, x in (("n_q", n_q), ("n_k", n_k), ("d_v", d_v), ("batch", batch)):
+        check_positive_int(name, x)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    size = torch.finfo(dtype).bits // 8
+    if (block_q is None) != (block_k is None):
+        raise ValueError("give both block_q and block_k (blockwise) or neither (naive)")
+    if block_q is None or block_k is None:
+        return batch * 2 * n_q * n_k * size
+    b_q = min(check_positive_int("block_q", block_q), n_q)
+    b_k = min(check_positive_int("block_k", block_k), n_k)
+    return batch * (2 * b_q * b_k + b_q * (2 + d_v) + n_q) * size
+
+
+# ---- how close two evaluations must be -----------------------------------------------------------
+def rounding_bound(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None
+) -> tuple[Tensor, Tensor]:
+    r"""Elementwise bounds on how far two evaluations of attention may differ by rounding.
+
+    Write :math:`u` for the unit roundoff (``eps / 2``), :math:`S = \max_{ij} \sum_l |q_{il} k_{jl}|
+    \cdot \mathrm{scale}` for the largest score's sum of absolute terms. A score computed in any
+    order is off by at most :math:`d_k u S` (Higham 2002, section 3.1), which changes each weight
+    :math:`p_{ij} = e^{s_{ij} - \mathrm{lse}_i}` by a relative :math:`2 d_k u S` (its own score and
+    the shift). Summing the exponentials, one rescale per key block (at most :math:`n_k`), the
+    division and the weighted sum of the values add at most :math:`3 n_k u` relative, to first
+    order. So each evaluation is within :math:`u (2 d_k S + 3 n_k) (|P|\,|V|)_{ic}` of the exact
+    output, and two evaluations (another tile size, order, library) within twice that:
+
+    .. math::
+        |\mathrm{out}_a - \mathrm{out}_b|_{ic} \le \varepsilon\,(2 d_k S + 3 n_k)\,(|P|\,|V|)_{ic},
+        \qquad
+        |\mathrm{lse}_a - \mathrm{lse}_b|_i \le \varepsilon\,(d_k S + 2 n_k + |\mathrm{lse}_i|) .
+
+    The factor :math:`|P|\,|V|` (not the output's own size) matters: an output that is a small
+    difference of large values carries the rounding of the large ones.
+
+    Shapes: as :func:`attnlib.attention` (``q`` with its ``n_q`` axis); returns the bound on the
+    output ``(..., n_q, d_v)`` and on the log-sum-exp ``(..., n_q)``, in float64. It writes out
+    the ``n_q x n_k`` weights: a check for small problems.
+    """
+    if check_tensor("q", q).dim() < 2:
+        raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
+    eps = torch.finfo(q.dtype).eps
+    q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
+    _, p = attention(q64, k64, v64, mask=mask, scale=scale)  # (..., n_q, n_k), checks the arguments
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    d_k, n_k = q.shape[-1], k.shape[-2]
+    big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
+    out_bound = eps * (2 * d_k * big + 3 * n_k) * (p @ v64.abs())  # (..., n_q, d_v)
+    s = (q64 @ k64.transpose(-2, -1)) * sc  # (..., n_q, n_k)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)  # (..., n_q)
+    lse_bound = eps * (d_k * big + 2 * n_k + torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse)))
+    return out_bound, lse_bound
+
+
+def gradient_rounding_bound(
+    q: Tensor, k: Tensor, v: Tensor, d_out: Tensor, mask: Tensor | None = None,
+    scale: float | None = None, d_lse: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Elementwise bounds on how far two evaluations of the gradients may differ by rounding.
+
+    The backward computes :math:`dV = P^\top dO`, :math:`dP = dO\, V^\top`,
+    :math:`D = \mathrm{rowsum}(dO \circ O) - d\mathrm{lse}`, :math:`dS = P \circ (dP - D)`
+    (times the scale), :math:`dQ = dS\, K`, :math:`dK = dS^\top Q`. Each is bounded as in
+    :func:`rounding_bound`, relative to the same formula evaluated on absolute values: the weights
+    carry the forward's relative error :math:`\varepsilon (2 d_k S + 3 n_k)`; :math:`dP` and
+    :math:`D` add inner products of width :math:`d_v` each, :math:`dQ` one of width :math:`n_k`,
+    :math:`dK` and :math:`dV` one of width :math:`n_q`:
+
+    .. math::
+        |dQ_a - dQ_b| \le \varepsilon\, w\, (|dS|_{\text{terms}}\, |K|), \quad
+        w = 2 d_k S + 3 n_k + 2 d_v + n_k + n_q,
+
+    with :math:`|dS|_{\text{terms}} = P \circ (|dO|\,|V|^\top + \mathrm{rowsum}(|dO| \circ P|V|) + |d\mathrm{lse}|)
+    \cdot \mathrm{scale}`, and likewise :math:`|dS|_{\text{terms}}^\top |Q|` for :math:`dK`,
+    :math:`P^\top |dO|` for :math:`dV`.
+
+    Shapes: ``q`` ``(..., n_q, d_k)``, ``k`` ``(..., n_k, d_k)``, ``v`` ``(..., n_k, d_v)``,
+    ``d_out`` ``(..., n_q, d_v)``, ``d_lse`` ``(..., n_q)`` or None. Returns the bounds for
+    ``dq, dk, dv`` (shapes of the broadcast ``q, k, v``), float64; writes out ``P``.
+    """
+    if check_tensor("q", q).dim() < 2:
+        raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
+    eps = torch.finfo(q.dtype).eps
+    q64, k64, v64, do = (t.detach().to(torch.float64) for t in (q, k, v, check_tensor("d_out", d_out)))
+    _, p = attention(q64, k64, v64, mask=mask, scale=scale)  # (..., n_q, n_k)
+    if do.shape != p.shape[:-1] + v64.shape[-1:]:
+        raise ValueError(f"d_out must have the output's shape {format_shape(p.shape[:-1] + v64.shape[-1:])}, "
+                         f"got {format_shape(d_out)}")
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    n_q, d_k = q.shape[-2], q.shape[-1]
+    n_k, d_v = k.shape[-2], v.shape[-1]
+    big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
+    w = eps * (2 * d_k * big + 3 * n_k + 2 * d_v + n_k + n_q)
+    dp_terms = do.abs() @ v64.abs().transpose(-2, -1)  # (..., n_q, n_k)
+    d_terms = (do.abs() * (p @ v64.abs())).sum(-1, keepdim=True)  # (..., n_q, 1)
+    if d_lse is not None:
+        d_terms = d_terms + d_lse.detach().to(torch.float64).abs()[..., None]
+    ds_terms = p * (dp_terms + d_terms) * sc  # (..., n_q, n_k)
+    return (w * (ds_terms @ k64.abs()),  # (..., n_q, d_k)
+            w * (ds_terms.transpose(-2, -1) @ q64.abs()),  # (..., n_k, d_k)
+            w * (p.transpose(-2, -1) @ do.abs()))  # (..., n_k, d_v)
