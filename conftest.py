@@ -39,8 +39,6 @@ def _threads_per_worker() -> int | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # pytest-xdist registers it too; here as well for a run without xdist (-p no:xdist)
-    config.addinivalue_line("markers", "xdist_group(name): run the tests of one group on one xdist worker")
     threads = _threads_per_worker()
     if threads is None:
         return
@@ -51,9 +49,10 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-# ---- scheduling under pytest-xdist (--dist loadgroup, pyproject.toml) ---------------------
-# One group per notebook and per test file: a notebook's cells run in order on one worker
-# (they share its kernel), a test file's module fixtures are made once. The groups start
+# ---- scheduling under pytest-xdist (--dist loadfile, pyproject.toml) ----------------------
+# One file per worker at a time: a notebook's cells run in order on one worker (they share
+# its kernel; grouping them with xdist_group markers under --dist loadgroup split a
+# notebook's setup cell from the rest), a test file's module fixtures are made once. The groups start
 # longest first, so that no slow notebook is left to start last while the other workers
 # idle; the rest keep their collection order. The slowest files today, longest first:
 SLOWEST_FIRST = (
@@ -72,7 +71,5 @@ def _group(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(_group(item), len(rank)))  # stable: files keep their order inside
