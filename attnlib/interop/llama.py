@@ -1,0 +1,183 @@
+"""Hugging Face's Llama attention layout, read into and written from chapter 8's
+:class:`~attnlib.decoding.GroupedAttentionWeights`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnlib._core import check_positive_int, rounding_tolerance
+from attnlib.decoding import GroupedAttentionWeights
+from attnlib.decoding.rope import rope_inv_freq
+
+__all__: list[str] = []
+
+# ---- Hugging Face Llama: q_proj, k_proj, v_proj, o_proj (chapter 8) -----------------------
+# Llama's layer: four nn.Linear, grouped keys and values, RoPE. Read into (and written
+# from) attnlib.decoding.GroupedAttentionWeights; MultiHeadAttention.from_grouped_weights
+# builds the module.
+
+__all__ += ["GroupedAttentionWeights", "read_llama", "write_llama"]
+
+
+def read_llama(
+    attn: nn.Module,
+    *,
+    num_heads: int | None = None,
+    rope_base: float | None = None,
+) -> GroupedAttentionWeights:
+    r"""Read Hugging Face Llama attention (``LlamaAttention``) into paper orientation (copies).
+
+    Llama keeps four ``nn.Linear`` layers, weight ``(out, in)``, ``y = x @ weight.T + bias``:
+
+    .. math::
+        \texttt{q\_proj.weight} = (W^Q)^\top \in \mathbb{R}^{h d_k \times d},\quad
+        \texttt{k\_proj.weight} = (W^K)^\top,\ \texttt{v\_proj.weight} = (W^V)^\top
+        \in \mathbb{R}^{g d_k \times d},\quad
+        \texttt{o\_proj.weight} = (W^O)^\top \in \mathbb{R}^{d \times h d_k},
+
+    with ``g = num_key_value_heads`` (grouped-query attention; ``repeat_kv`` gives query
+    head ``i`` the key/value head ``i // (h/g)``) and RoPE applied to queries and keys
+    after the projections, with ``rope_theta`` as base.
+
+    Args:
+        attn: a module with ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (``nn.Linear``),
+            e.g. ``LlamaAttention`` or the ``nn.ModuleDict`` of :func:`write_llama`.
+        num_heads: ``h``; default ``attn.config.num_attention_heads``. ``g`` follows from
+            the shapes (it must equal ``config.num_key_value_heads`` when there is a config).
+        rope_base: default ``attn.config.rope_parameters["rope_theta"]``; without a
+            config, ``None`` (no RoPE).
+
+    Returns:
+        a :class:`GroupedAttentionWeights`; a layer without bias whose siblings have one
+        (e.g. Qwen2's ``o_proj``) gets a zero bias, which computes the same function.
+
+    Raises:
+        TypeError: a projection missing or not an ``nn.Linear``.
+        ValueError: a submodule, parameter or buffer other than the four projections
+            (e.g. ``Qwen3Attention``'s ``q_norm`` and ``k_norm``), which would be dropped.
+        ValueError: ``num_heads`` missing (no config) or disagreeing with the config; a
+            RoPE type other than ``"default"`` (scaled frequencies); ``head_dim *
+            num_heads != hidden_size``; ``attention_dropout > 0``; shapes that do not fit.
+    """
+    layers: dict[str, nn.Linear] = {}
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        layer = getattr(attn, name, None)
+        if not isinstance(layer, nn.Linear):
+            raise TypeError(f"attn.{name} must be an nn.Linear, got {type(layer).__name__}")
+        layers[name] = layer
+    # RoPE's frequencies, as a buffer ``inv_freq`` (on the module or on a child that holds
+    # nothing else, e.g. an older ``rotary_emb``), are checked against rope_base below
+    freqs = {n: b for n, b in attn.named_buffers() if n.split(".")[-1] == "inv_freq"}
+    rope_children = {n.split(".")[0] for n in freqs if "." in n}
+    extra = sorted({n for n, _ in attn.named_children()} - set(layers) - rope_children)
+    extra += sorted(n for n, _ in attn.named_parameters() if n.split(".")[0] in rope_children)
+    extra += sorted(n for n, _ in attn.named_buffers()
+                    if n.split(".")[0] in rope_children and n not in freqs)
+    extra += sorted(n for n, _ in attn.named_parameters(recurse=False))
+    extra += sorted(n for n, _ in attn.named_buffers(recurse=False) if n not in freqs)
+    if extra:  # e.g. Qwen3's q_norm, k_norm: they change the function, and would be dropped
+        raise ValueError(
+            f"attn ({type(attn).__name__}) has {', '.join(extra)} besides q_proj, k_proj, v_proj, "
+            f"o_proj; read_llama maps those four only and would silently drop the rest"
+        )
+    if num_heads is not None:
+        check_positive_int("num_heads", num_heads)
+    config = getattr(attn, "config", None)
+    if config is not None:
+        h_cfg = int(config.num_attention_heads)
+        if num_heads is not None and num_heads != h_cfg:
+            raise ValueError(f"num_heads={num_heads} disagrees with attn.config.num_attention_heads={h_cfg}")
+        num_heads = h_cfg
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(
+                f"rope_type {rope.get('rope_type')!r} rescales RoPE's frequencies; attnlib has the default RoPE only"
+            )
+        theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+        if rope_base is not None and theta is not None and float(rope_base) != float(theta):
+            raise ValueError(f"rope_base={rope_base} disagrees with the config's rope_theta={theta}")
+        rope_base = None if theta is None else float(theta)
+        if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+            raise ValueError(
+                f"attention_dropout={config.attention_dropout} > 0: attnlib has no dropout; "
+                f"set it to 0 (inference)"
+            )
+        d_cfg = int(config.hidden_size)
+        head_dim = int(getattr(config, "head_dim", None) or d_cfg // h_cfg)
+        if head_dim * h_cfg != d_cfg:
+            raise ValueError(
+                f"head_dim ({head_dim}) * num_attention_heads ({h_cfg}) must equal hidden_size ({d_cfg}): "
+                f"attnlib.MultiHeadAttention has d_k = d_model / num_heads"
+            )
+        g_cfg = int(getattr(config, "num_key_value_heads", None) or h_cfg)
+        g_shape = layers["k_proj"].out_features // head_dim
+        if g_shape != g_cfg:
+            raise ValueError(
+                f"k_proj has {layers['k_proj'].out_features} outputs = {g_shape} heads of width {head_dim}, "
+                f"but config.num_key_value_heads = {g_cfg}"
+            )
+    if num_heads is None:
+        raise ValueError("num_heads must be given when attn has no config")
+    w_q = layers["q_proj"].weight.detach()  # (h*d_k, d)
+    d_k = w_q.shape[0] // num_heads
+    if d_k == 0 or w_q.shape[0] % num_heads:
+        raise ValueError(f"q_proj has {w_q.shape[0]} outputs, not a multiple of num_heads={num_heads}")
+    g = max(1, layers["k_proj"].out_features // d_k)  # a misfit shows in GroupedAttentionWeights' check
+    for name, inv_freq in freqs.items():  # RoPE's frequencies must be those of rope_base
+        if rope_base is None:
+            raise ValueError(f"attn has RoPE frequencies ({name}) but no rope_base: pass rope_base=")
+        want = rope_inv_freq(d_k, rope_base, dtype=torch.float64)  # (d_k/2,)
+        got = inv_freq.detach().to(torch.float64).flatten()
+        # computed in float32 by a power, a division and a cast: a few float32 roundings
+        tol = rounding_tolerance(torch.float32, 8)
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=0.0):
+            raise ValueError(
+                f"attn.{name} holds RoPE frequencies other than rope_base={rope_base:g}'s for d_k={d_k} "
+                f"(scaled or another layout): read_llama reads the default RoPE only"
+            )
+    biases = {n: layers[f"{n}_proj"].bias for n in "qkvo"}
+    any_bias = any(b is not None for b in biases.values())
+
+    def bias(n: str) -> Tensor | None:
+        b = biases[n]
+        if b is not None:
+            return b.detach().clone()
+        if not any_bias:
+            return None
+        lin = layers[f"{n}_proj"]
+        return torch.zeros(lin.out_features, device=lin.weight.device, dtype=lin.weight.dtype)
+
+    return GroupedAttentionWeights(
+        w_q=w_q.T.clone(),  # (d, h*d_k)
+        w_k=layers["k_proj"].weight.detach().T.clone(),  # (d, g*d_k)
+        w_v=layers["v_proj"].weight.detach().T.clone(),  # (d, g*d_k)
+        w_o=layers["o_proj"].weight.detach().T.clone(),  # (h*d_k, d)
+        num_heads=num_heads,
+        num_kv_heads=g,
+        b_q=bias("q"),
+        b_k=bias("k"),
+        b_v=bias("v"),
+        b_o=bias("o"),
+        rope_base=rope_base,
+    )
+
+
+def write_llama(weights: GroupedAttentionWeights) -> nn.ModuleDict:
+    """Four ``nn.Linear`` layers ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` holding
+    ``weights`` in Llama's layout (the inverse of :func:`read_llama`). Its ``state_dict()``
+    loads into a ``LlamaAttention`` of the same shape (``attn.load_state_dict(...)``);
+    ``num_heads`` and ``rope_base`` belong to the Llama config, not to the layers."""
+    if not isinstance(weights, GroupedAttentionWeights):
+        raise TypeError(f"weights must be a GroupedAttentionWeights, got {type(weights).__name__}")
+    layers = nn.ModuleDict()
+    for n in "qkvo":
+        w, b = getattr(weights, f"w_{n}"), getattr(weights, f"b_{n}")  # w: (d_in, d_out)
+        lin = nn.Linear(w.shape[0], w.shape[1], bias=weights.bias, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w.T)  # (d_out, d_in)
+            if b is not None:
+                lin.bias.copy_(b)
+        layers[f"{n}_proj"] = lin
+    return layers
+
