@@ -529,3 +529,22 @@ def test_property_planted_bug_is_found_or_honestly_undetectable(h: int, d_k: int
         assert report.ok
     else:
         assert not report.ok and (bug,) in report.explanations, (h, d_k, seed, bug, report.explanations)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_half_precision_is_refused_with_what_to_do(half: torch.dtype) -> None:
+    """bfloat16 rounding is as large as some bugs, and float16 overflows the large-scores
+    probe: diagnose refuses both and says to cast the module to float32."""
+    torch.manual_seed(0)
+    ref = MultiHeadAttention(16, 4)
+    module = MultiHeadAttention.from_weights(ref.projections(), 4).to(half)
+
+    def forward(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return module(x, x, x, mask)[0]
+
+    with pytest.raises(ValueError, match=r"half precision rounds as much as some bugs change; call module\.float\(\)"):
+        diagnose(module, ref)
+    with pytest.raises(ValueError, match=r"(your module's output|your module) computes in"):
+        diagnose(forward, ref, dtype=half)
+    with pytest.raises(ValueError, match="the reference computes in"):
+        diagnose(module.float(), ref.to(half))

@@ -160,6 +160,18 @@ def _large_scale(w: _Weights, d_model: int) -> float:
     return math.sqrt(LARGE_SCORES / max(spread, 1e-12))
 
 
+def _refuse_half(what: str, dtype: torch.dtype) -> None:
+    """Half precision is refused: its rounding (about 1e-3 relative, scaled by the scores)
+    is as large as the smaller bugs of the catalogue, and the large-scores probe would
+    overflow float16."""
+    if dtype in (torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"{what} computes in {str(dtype).removeprefix('torch.')}: diagnose compares float32 or "
+            f"float64 layers, since half precision rounds as much as some bugs change; call "
+            f"module.float() (and pass float32 inputs) to audit it"
+        )
+
+
 def _tolerance(
     rtol: float | None, ref_dtype: torch.dtype, out_dtype: torch.dtype, reference: MultiHeadAttention,
     w64: _Weights, probes: list[_Probe],
@@ -324,6 +336,8 @@ def _search(
     w64 = _Weights.of(reference, torch.float64)
     probes = _probes(d_model, seed, causal=causal, padding=padding, cross=cross, large=_large_scale(w64, d_model))
     in_dtype = dtype or _module_dtype(forward) or ref_dtype
+    _refuse_half("your module", in_dtype)
+    _refuse_half("the reference", ref_dtype)
 
     # 1. your outputs and the reference's
     yours = [_call(forward, p, in_dtype, device, cross, padding, d_model) for p in probes]
@@ -334,6 +348,7 @@ def _search(
             "forward gave different outputs for the same input: is dropout on? Call module.eval() first."
         )
     out_dtype = yours[first].dtype  # type: ignore[union-attr]
+    _refuse_half("your module's output", out_dtype)
     expected = []
     for p in probes:
         x, keys = p.x.to(ref_dtype).to(device), p.keys.to(ref_dtype).to(device)
