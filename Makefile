@@ -40,9 +40,11 @@ book: $(HTML)/index.html
 	@echo "The book is in $(HTML): open $(HTML)/index.html in a browser."
 
 # A failed build (a warning is an error) removes index.html, so that the next make
-# builds again instead of taking a half-written site for a good one.
+# builds again instead of taking a half-written site for a good one. --all: every page is
+# written and every warning shown each time, and the static files (CSS, explorers.js)
+# are copied even when no page changed.
 $(HTML)/index.html: $(BOOK_SOURCES) $(STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going || { rm -f $@; exit 1; }
+	$(BIN)/jupyter-book build . --all -W -n --keep-going || { rm -f $@; exit 1; }
 	@touch $@
 
 # The browser tests read the build that `make book` made (ATTNLIB_BOOK_HTML) rather
