@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import math
 import os
 import re
 import shutil
@@ -578,6 +579,34 @@ _HEADS_VIEWS = """([root, wanted]) => {
     });
 }"""
 
+_ONLINE_SOFTMAX_VIEWS = """root => {
+    const data = JSON.parse(root.querySelector('script.explorer-data').textContent);
+    const block = root.querySelector(`#${root.id}-block`), step = root.querySelector(`#${root.id}-step`);
+    const num = (node, a) => +node.getAttribute(a);
+    const views = [];
+    for (let b = 0; b < data.blocks.length; b++) {
+        block.value = String(b); block.dispatchEvent(new Event('change'));
+        for (let t = 0; t <= +step.max; t++) {
+            step.value = String(t); step.dispatchEvent(new Event('input'));
+            const fig = root.querySelector('svg.explorer-figure');
+            const axis = [...fig.querySelectorAll('text.explorer-axis[text-anchor="end"]')];
+            const max = fig.querySelector('line.explorer-max');
+            views.push({b, t, max_t: +step.max,
+                output: root.querySelector(`#${root.id}-step-value`).textContent,
+                zero: num(fig.querySelector('line.explorer-zero'), 'y1'),
+                axis: axis.map(a => [num(a, 'y'), a.textContent]),
+                bars: [...fig.querySelectorAll('rect')].map(r => ({y: num(r, 'y'), height: num(r, 'height'),
+                    cls: r.getAttribute('class')})),
+                seps: [...fig.querySelectorAll('line.explorer-sep')].map(l => num(l, 'x1')),
+                xs: [...fig.querySelectorAll('rect')].map(r => num(r, 'x')),
+                max: max ? [num(max, 'y1'), num(max, 'y2')] : null,
+                labels: [...fig.querySelectorAll('text.explorer-label')].map(t => t.textContent),
+                readout: root.querySelector('.explorer-readout').textContent});
+        }
+    }
+    return {data, views};
+}"""
+
 
 def _heads_views(data: dict) -> list[list[int]]:
     """The views of the heads explorer to check: every head of every layer and sentence at
@@ -694,6 +723,148 @@ def _check_heads(root_id: str, got: dict) -> list[str]:
     return failed
 
 
+def _online_softmax_states(data: dict) -> dict[int, list[tuple[float, float, np.ndarray]]]:
+    """Chapter 10: per block size, the online softmax's state (m_t, l_t, o_t) after each
+    step t = 1 .. ceil(n_k / b), from the embedded scores, by attnlib.blockwise.
+
+    The scores s_j are the query's row, so q = [1], K = s (a column) and scale 1 give
+    blockwise_attention exactly these scores. The page embeds no values v_j (only the
+    states); they are the values implied by the one-key-at-a-time steps,
+    v_j = (o_{j+1} - e^{L_j - L_{j+1}} o_j) e^{L_{j+1} - s_j} with L_c = logsumexp(s_{<c})
+    (the merge of attnlib.blockwise, solved for the new key's value). Every other block
+    size's states are then attnlib's blockwise_attention over the first min(t b, n_k) keys
+    with block_k = b: the blocking must not change them."""
+    import numpy as np  # noqa: F401  (the annotation)
+    import torch
+
+    from attnlib.blockwise import blockwise_attention
+
+    s = torch.tensor(data["scores"], dtype=torch.float64)  # (n_k,)
+    n_k, d_v = s.shape[0], data["dv"]
+    ones = torch.ones(1, 1, dtype=torch.float64)  # (n_q = 1, d_k = 1)
+    one_by_one = torch.tensor(data["steps"][data["blocks"].index(1)]["out"], dtype=torch.float64)  # (n_k+1, d_v)
+    lse = torch.stack([torch.logsumexp(s[:c], 0) for c in range(1, n_k + 1)])  # (n_k,): L_1 .. L_n
+    prev = torch.cat([torch.tensor([-torch.inf], dtype=torch.float64), lse[:-1]])  # L_0 .. L_{n-1}
+    v = (one_by_one[1:] - torch.exp(prev - lse)[:, None] * one_by_one[:-1]) * torch.exp(lse - s)[:, None]
+    assert v.shape == (n_k, d_v)
+    states: dict[int, list[tuple[float, float, np.ndarray]]] = {}
+    for b in data["blocks"]:
+        states[b] = []
+        for t in range(1, -(-n_k // b) + 1):
+            c = min(t * b, n_k)
+            r = blockwise_attention(ones, s[:c, None], v[:c], scale=1.0, block_k=b)
+            m = float(s[:c].max())
+            states[b].append((m, math.exp(float(r.lse[0]) - m), r.out[0].numpy()))
+    return states
+
+
+def _check_online_softmax(root_id: str, got: dict) -> list[str]:  # noqa: C901
+    """Chapter 10: for every block size and every number of blocks visited, the bars (the
+    scores; visited, current block, not yet visited), the block separators, the dashed
+    running-max line and its label, the slider's read-out, and the printed running max,
+    rescale factor, running sum and partial output, against attnlib's online softmax
+    (_online_softmax_states) from the embedded scores."""
+    import numpy as np
+
+    data, failed = got["data"], []
+    scores = np.asarray(data["scores"], np.float64)
+    n_k, blocks = len(scores), data["blocks"]
+    states = _online_softmax_states(data)
+    last = states[blocks[0]][-1][2]  # the attention output, all keys
+    hi, lo = max(0.0, scores.max()), min(0.0, scores.min())
+    assert len(got["views"]) == sum(-(-n_k // b) + 1 for b in blocks), len(got["views"])
+
+    # printed to 3 decimals from the embedded 4; the embedded numbers are of the unrounded
+    # scores, ours of the scores to 4 decimals: l moves by up to l (e^0.0001 - 1)
+    def close(shown: str, want: float, slack: float = 0.0) -> bool:
+        return abs(float(shown) - want) <= 0.0005 + 0.0001 + slack + 1e-9
+
+    def vec(text: str) -> np.ndarray:
+        return np.asarray([float(x) for x in text.split(", ")])
+
+    for v in got["views"]:
+        b, t = blocks[v["b"]], v["t"]
+        n_b, seen, first = -(-n_k // b), min(t * b, n_k), max(0, (t - 1) * b)
+        where = f"{root_id} block size {b}, {t} block(s) visited"
+        if v["max_t"] != n_b or v["output"] != f"{t} of {n_b}":
+            failed.append(f"{where}: slider to {v['max_t']} reading {v['output']!r}, expected {n_b} blocks")
+        # the vertical scale, from the axis: y(hi) and y(lo) labelled, the zero line at y(0)
+        (y_hi, hi_text), (y_lo, lo_text) = v["axis"]
+        if hi_text != f"{hi:.1f}" or lo_text != f"{lo:.1f}":
+            failed.append(f"{where}: axis labelled {hi_text}, {lo_text}, expected {hi:.1f}, {lo:.1f}")
+        px = (y_lo - y_hi) / (hi - lo)  # pixels per unit of score
+        tol = 0.015 + 0.01 * (y_lo - y_hi) / (y_lo - y_hi - 0.01)  # each coordinate printed to 0.01 px
+        if abs(v["zero"] - (y_hi + hi * px)) > tol:
+            failed.append(f"{where}: the zero line at y = {v['zero']}, expected {y_hi + hi * px:.2f}")
+        y0 = v["zero"]
+        bars = v["bars"]
+        want_cls = ["explorer-track" if j >= seen else "explorer-bar explorer-best" if j >= first else "explorer-bar"
+                    for j in range(n_k)]
+        if [r["cls"] for r in bars] != want_cls:
+            failed.append(f"{where}: bar classes {[r['cls'] for r in bars]}, expected {want_cls}")
+        top = np.asarray([r["y"] for r in bars])
+        height = np.asarray([r["height"] for r in bars])
+        if len(bars) != n_k or not np.all(np.abs(top - (y0 - np.maximum(scores, 0) * px)) <= 2 * tol) \
+                or not np.all(np.abs(height - np.maximum(np.abs(scores) * px, 0.5)) <= 2 * tol):
+            drawn = np.where(top < y0 - tol, (y0 - top) / px, -height / px)
+            failed.append(f"{where}: bars drawn {drawn.round(3).tolist()}, scores {scores.tolist()}")
+        # a separator between blocks: at the left edge of key k (bars sit 1.5 in their slots)
+        xs, seps = np.asarray(v["xs"]), np.asarray(v["seps"])
+        slot = (xs[-1] - xs[0]) / (n_k - 1)
+        want_seps = xs[0] - 1.5 + np.arange(b, n_k, b) * slot
+        if seps.shape != want_seps.shape or not np.all(np.abs(seps - want_seps) <= 0.03):
+            failed.append(f"{where}: block separators at {seps.tolist()}, expected after every {b} keys")
+        keys_named = [x for x in v["labels"] if not x.startswith("dashed")]
+        if keys_named != [str(j) for j in range(n_k) if n_k <= 16 or j % 4 == 0]:
+            failed.append(f"{where}: key labels {keys_named}")
+        if t == 0:
+            want = f"No key visited yet: m = −∞, running sum ℓ = 0, partial output 0. With all {n_k} keys the output is "
+            if v["max"] is not None or not v["readout"].startswith(want) \
+                    or not np.all(np.abs(vec(v["readout"][len(want) + 1:-2]) - last) <= 0.0006 + 1e-9):
+                failed.append(f"{where}: {v['readout']!r} (max line {v['max']}), expected the output {last.round(3)}")
+            continue
+        m, ell, out = states[b][t - 1]
+        # the dashed running max: where it is drawn, and what it says
+        if v["max"] is None or abs(v["max"][0] - (y0 - m * px)) > 2 * tol or v["max"][0] != v["max"][1]:
+            failed.append(f"{where}: running-max line at {v['max']}, expected y = {y0 - m * px:.2f} (m = {m})")
+        lab = [x for x in v["labels"] if x.startswith("dashed: running max m = ")]
+        if len(lab) != 1 or not close(lab[0].rsplit(" ", 1)[1], m):
+            failed.append(f"{where}: running-max label {lab}, expected m = {m:.4f}")
+        keys = f"key {first}" if seen - 1 == first else f"keys {first}–{seen - 1}"
+        r = re.fullmatch(
+            rf"After block {t} of {n_b} \({re.escape(keys)}\): running max m = (\S+?)"
+            r"(?:, up from (\S+), so the earlier sum and output were rescaled by e\^\((\S+) − (\S+)\) = (\S+)"
+            r"| \(unchanged: no rescale\))?"
+            r"; running sum ℓ = (\S+); partial output \[([^\]]*)\]"
+            r"(, the attention output\.|; with all (\d+) keys: \[([^\]]*)\]\.)", v["readout"])
+        if not r:
+            failed.append(f"{where}: unexpected read-out {v['readout']!r}")
+            continue
+        m_shown, up, up2, m2, factor, ell_shown, out_shown, tail, n_all, last_shown = r.groups()
+        bad = []
+        if not close(m_shown, m):
+            bad.append(f"m = {m:.4f}")
+        if t > 1:
+            m_prev = states[b][t - 2][0]
+            if (up is not None) != (m > m_prev):
+                bad.append("a rescale" if m > m_prev else "no rescale")
+            if up is not None and not (close(up, m_prev) and up2 == up and m2 == m_shown
+                                       and close(factor, math.exp(m_prev - m))):
+                bad.append(f"rescale by e^({m_prev:.4f} − {m:.4f}) = {math.exp(m_prev - m):.4f}")
+        elif up is not None or "unchanged" in v["readout"]:
+            bad.append("nothing about a rescale at the first block")
+        if not close(ell_shown, ell, ell * 1.0001e-4):
+            bad.append(f"ℓ = {ell:.4f}")
+        if not np.all(np.abs(vec(out_shown) - out) <= 0.0006 + 1e-9) or len(vec(out_shown)) != data["dv"]:
+            bad.append(f"partial output {out.round(4).tolist()}")
+        if (t == n_b) != (n_all is None) or (n_all is not None and (
+                int(n_all) != n_k or not np.all(np.abs(vec(last_shown) - last) <= 0.0006 + 1e-9))):
+            bad.append(f"the output {last.round(4).tolist()} " + ("as the last block's" if t == n_b else "after it"))
+        if bad:
+            failed.append(f"{where}: read-out {v['readout']!r}, expected " + "; ".join(bad))
+    return failed
+
+
 def test_the_explorers_draw_attnlibs_numbers(browser: object, site: str, explorer_pages: dict[str, list[str]]) -> None:
     """Every view of every explorer: the numbers its script draws are attnlib's."""
     failed: list[str] = []
@@ -715,11 +886,13 @@ def test_the_explorers_draw_attnlibs_numbers(browser: object, site: str, explore
                     views = visit.page.evaluate(_HEADS_VIEWS, [root.element_handle(), wanted])
                     assert [[v[x] for x in "slhr"] for v in views] == wanted
                     failed += _check_heads(root_id, {"data": data, "views": views})
+                elif kind == "online-softmax":
+                    failed += _check_online_softmax(root_id, root.evaluate(_ONLINE_SOFTMAX_VIEWS))
                 else:
                     failed.append(f"{name}: {root_id}: no numeric check for explorer kind {kind!r}")
                 checked.add(kind)
             assert not visit.errors, f"{name}: console errors: {visit.errors[:5]}"
         finally:
             visit.close()
-    assert checked >= {"sharpness", "heads"}, checked
+    assert checked >= {"sharpness", "heads", "online-softmax"}, checked
     assert not failed, "\n".join(failed[:20]) + (f"\n... and {len(failed) - 20} more" if len(failed) > 20 else "")
