@@ -93,8 +93,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils import benchmark
-from torch.utils.benchmark.utils.timer import timer as wall_clock
 
 try:
     import attnlib  # noqa: F401
@@ -212,6 +210,16 @@ def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
     }
 
 
+def wall_clock() -> float:
+    """``torch.utils.benchmark``'s wall clock, which synchronises an accelerator before each
+    reading. Imported on first use: importing ``torch.utils.benchmark`` loads
+    ``torch.utils.cpp_extension``, which logs a warning on a CUDA build of torch without a
+    CUDA runtime, and the book reads this module's results without timing anything."""
+    from torch.utils.benchmark.utils.timer import timer
+
+    return float(timer())
+
+
 def timed_once(fn: Callable[[], object], clock: Callable[[], float], threads: int, setup: str = "pass",
                **names: object) -> float:
     """Seconds of one call of ``fn`` after a warm-up, by ``torch.utils.benchmark.Timer``.
@@ -222,6 +230,8 @@ def timed_once(fn: Callable[[], object], clock: Callable[[], float], threads: in
     call per measurement, so that the callers can interleave the variants round by round
     and take medians over the rounds themselves. ``names``: more globals for ``setup``.
     """
+    from torch.utils import benchmark  # on first use: see wall_clock
+
     timer = benchmark.Timer(stmt="fn()", setup=setup, globals={"fn": fn, **names}, timer=clock, num_threads=threads)
     return timer.timeit(number=1).times[0]
 
