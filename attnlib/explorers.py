@@ -74,11 +74,18 @@ def round_array(x: Tensor | np.ndarray, digits: int = 3) -> dict[str, Any]:
     a = a.reshape(-1)  # (size,)
     top = float(np.abs(a).max()) if a.size else 0.0
     e = math.floor(math.log10(top)) - digits + 1 if top > 0 else 0
-    m = np.round(a / 10.0**e).astype(np.int64)  # (size,)
+    m = np.round(_scaled(a, e)).astype(np.int64)  # (size,)
     if m.size and int(np.abs(m).max()) >= 10**digits:  # e.g. 9.996 at 3 digits rounds to 1000
         e += 1
-        m = np.round(a / 10.0**e).astype(np.int64)
+        m = np.round(_scaled(a, e)).astype(np.int64)
     return {"e": e, "m": [int(v) for v in m]}
+
+
+def _scaled(a: np.ndarray, e: int) -> np.ndarray:
+    """``a / 10**e`` in two steps, so that ``10**e`` itself neither overflows nor
+    underflows (``e = -324`` for the smallest subnormal)."""
+    half = e // 2
+    return a / 10.0**half / 10.0 ** (e - half)
 
 
 def from_rounded(r: dict[str, Any]) -> np.ndarray:
