@@ -121,7 +121,8 @@ def test_blockwise_heads_equal_multihead_attention_with_the_same_weights(
     mask = causal_mask(n) if causal else None
     ref, _ = mha(x, x, x, mask=mask)
     with torch.no_grad():
-        heads = [mha._split_heads(x @ w + b) for w, b in ((mha.w_q, mha.b_q), (mha.w_k, mha.b_k), (mha.w_v, mha.b_v))]
+        roles = ((mha.w_q, mha.b_q), (mha.w_k, mha.b_k), (mha.w_v, mha.b_v))
+        heads = [(x @ w + b).view(2, n, 4, mha.d_k).transpose(1, 2) for w, b in roles]  # (B, h, n, d_k)
         r = blockwise_attention(*heads, causal=causal, block_q=block, block_k=block_k)  # (B, h, n, d_k)
         _close(r.out, attention(*heads, mask=mask)[0], *heads, mask)  # per head
         out = r.out.transpose(1, 2).reshape(2, n, d_model) @ mha.w_o + mha.b_o  # (B, n, d_model)
