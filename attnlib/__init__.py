@@ -3,7 +3,8 @@
 The library behind the book. One module per idea, in the order of the chapters:
 
 - :mod:`attnlib.attention`: scaled dot-product attention, one query or many (ch. 1)
-- :mod:`attnlib.multihead`: per-head projections, fused and separate (ch. 2-5)
+- :mod:`attnlib.multihead`: per-head projections, fused (ch. 2-5)
+- :mod:`attnlib.separate`: the same layer as h separate heads (ch. 3, 5)
 - :mod:`attnlib.lowrank`: the factored products W_i^QK, W_i^OV: SVD, rank, costs, gauge (ch. 4)
 - :mod:`attnlib.interop`: other libraries' weight layouts, and mask conventions (ch. 5, 8)
 - :mod:`attnlib.pretrained`: all-MiniLM-L6-v2's attention, read offline from its package (ch. 6)
@@ -29,7 +30,7 @@ from attnlib.blockwise import Partial, blockwise_attention, merge, split_k_atten
 from attnlib.decoding import DecoderAttention, KVCache, LatentAttention, LatentCache
 from attnlib.explorers import head_explorer, sharpness_explorer
 from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
-from attnlib.multihead import HeadWeights, MultiHeadAttention, SeparateHeadsAttention
+from attnlib.multihead import HeadWeights, MultiHeadAttention
 from attnlib.pretrained import mean_pool, minilm_attention
 from attnlib.recall import (
     PhoneBookTask,
@@ -40,6 +41,7 @@ from attnlib.recall import (
     train_recall,
     train_recall_runs,
 )
+from attnlib.separate import SeparateHeadsAttention
 
 __all__ = [
     # chapters 1-3
