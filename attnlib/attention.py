@@ -72,7 +72,7 @@ def _masked_softmax(scores: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
     return exp / torch.where(total > 0, total, torch.ones_like(total))
 
 
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> torch.Size:
+def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> torch.Size:
     """Raise unless q, k, v fit together; return the broadcast batch shape ``...``.
 
     ``q``: ``(d_k,)`` or ``(..., n_q, d_k)``; ``k``: ``(..., n_k, d_k)``;
@@ -114,7 +114,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> torch.Size:
         ) from None
 
 
-def _check_scale(scale: object) -> float:
+def check_scale(scale: object) -> float:
     """``scale`` as a float if it is a finite real number >= 0 (0 gives uniform weights)."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
@@ -164,8 +164,8 @@ def attention(
             a mask that is not bool or would not broadcast to the scores (or
             would enlarge them); a negative, infinite or NaN scale.
     """
-    batch = _check_qkv(q, k, v)  # the broadcast batch shape "..."
-    scale = None if scale is None else _check_scale(scale)
+    batch = check_qkv(q, k, v)  # the broadcast batch shape "..."
+    scale = None if scale is None else check_scale(scale)
     n_k = k.shape[-2]
     single = q.dim() == 1
     if single:
