@@ -1,22 +1,7 @@
-r"""The factored product behind every head: :math:`W_i^{QK}` and :math:`W_i^{OV}` (chapter 4).
+r"""A product of a tall and a wide factor, kept factored: :class:`FactoredMatrix` (chapter 4).
 
-A head's scores use :math:`W_i^Q` and :math:`W_i^K` only through their product,
-
-.. math::
-    (X W_i^Q)(X W_i^K)^\top = X\, W_i^{QK} X^\top, \qquad
-    W_i^{QK} = W_i^Q {W_i^K}^\top \in \mathbb{R}^{d_{model} \times d_{model}},
-
-and what it writes uses :math:`W_i^V` and :math:`W_i^O` only through
-:math:`W_i^{OV} = W_i^V W_i^O` (Elhage et al., 2021). Both are products of a tall and a
-wide factor, so their rank is at most :math:`d_k` (or :math:`d_v`).
-
-:class:`FactoredMatrix` is the home for such a product ``M = left @ right``: it keeps
-the two factors and answers questions about ``M`` (its SVD, rank, stable rank,
-parameter and FLOP counts) without forming the ``m x n`` matrix unless asked.
-:func:`qk_circuit` and :func:`ov_circuit` build it from a
-:class:`~attnlib.multihead.MultiHeadAttention`.
-
-Orientation as everywhere in attnlib: row vectors, ``x @ M``.
+Every head's :math:`W_i^{QK} = W_i^Q {W_i^K}^\top` and :math:`W_i^{OV} = W_i^V W_i^O` is such a
+product (:mod:`attnlib.lowrank.circuits` builds them); this module knows nothing of attention.
 """
 
 from __future__ import annotations
@@ -28,10 +13,10 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
-from attnlib._core import check_index, check_plain, check_positive_int, check_tensor, format_shape
-from attnlib.multihead import MultiHeadAttention
+from attnlib._core import check_positive_int, check_tensor, format_shape
+from attnlib.lowrank.signs import fix_signs
 
-__all__ = ["FactoredMatrix", "FlopCount", "qk_circuit", "ov_circuit", "fix_signs"]
+__all__ = ["FactoredMatrix", "FlopCount"]
 
 
 class FlopCount(NamedTuple):
@@ -39,6 +24,7 @@ class FlopCount(NamedTuple):
 
     factored: int
     full: int
+
 
 
 def _check_factor(name: str, t: object, expected: str) -> Tensor:
@@ -86,29 +72,6 @@ def _cached(method: Callable[["FactoredMatrix"], _T]) -> Callable[["FactoredMatr
         return _copied(value)
 
     return wrapper
-
-
-def fix_signs(u: Tensor, vh: Tensor) -> tuple[Tensor, Tensor]:
-    r"""Singular vectors with their sign fixed: ``(U D, D Vh)`` with ``D = diag(±1)``.
-
-    An SVD :math:`M = U \Sigma V^\top` leaves the sign of each pair
-    :math:`(u_j, v_j)` free: :math:`(-u_j)\,\sigma_j(-v_j)^\top` is the same term, and
-    LAPACKs on different CPUs return different signs. The rule here: the entry of
-    largest magnitude in each column of ``U`` is positive (the first one, if two
-    tie), and the matching row of ``Vh`` is flipped with it, so
-    :math:`U \Sigma V^\top` is unchanged.
-
-    Shapes: ``u``: ``(..., m, k)``, ``vh``: ``(..., k, n)``; returns the same shapes.
-    """
-    u, vh = check_tensor("u", u), check_tensor("vh", vh)
-    if u.dim() < 2 or vh.dim() < 2 or u.shape[-1] != vh.shape[-2]:
-        raise ValueError(
-            f"u must be (..., m, k) and vh (..., k, n) with the same k, "
-            f"got u {format_shape(u)} and vh {format_shape(vh)}")
-    biggest = u.abs().argmax(dim=-2, keepdim=True)  # (..., 1, k): first largest
-    sign = torch.gather(u, -2, biggest).sign()  # (..., 1, k)
-    sign = torch.where(sign == 0, torch.ones_like(sign), sign)  # a zero column: keep it
-    return u * sign, vh * sign.mT  # (..., m, k), (..., k, n)
 
 
 class FactoredMatrix:
@@ -448,62 +411,3 @@ class FactoredMatrix:
         u, vh = fix_signs(u, vh)  # the same factors on every machine
         root = s[..., :k].sqrt()  # (..., k)
         return cls(u[..., :k] * root.unsqueeze(-2), root.unsqueeze(-1) * vh[..., :k, :])
-
-
-# ---- the two circuits of a head -----------------------------------------------------
-# Why qk_circuit and explorers.head_explorer refuse a module with RoPE.
-QK_NEEDS_NO_ROPE = (
-    "the W^QK lens is only defined without RoPE's position-dependent rotation (with it, query i "
-    "and key j score x_i W^Q R_(i-j) W^K^T x_j^T); use a module without rope_base"
-)
-
-
-def _check_circuit_args(mha: object, head: object, user: str, rope_reason: str | None) -> int | None:
-    if not isinstance(mha, MultiHeadAttention):
-        raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
-    check_plain(mha, user, rope_reason)
-    if head is None:
-        return None
-    return check_index("head", head, mha.num_heads, f"num_heads={mha.num_heads}")
-
-
-def qk_circuit(
-    mha: MultiHeadAttention, head: int | None = None
-) -> FactoredMatrix:
-    r"""Head ``head``'s :math:`W_i^{QK} = W_i^Q {W_i^K}^\top`, kept factored.
-
-    ``(d_model, d_model)``, rank <= ``d_k``: ``left`` = :math:`W_i^Q`
-    ``(d_model, d_k)``, ``right`` = :math:`{W_i^K}^\top` ``(d_k, d_model)``.
-    With ``head=None``, all heads at once: batch ``(h,)``. The factors are
-    detached views of ``mha``'s weights. Biases are not part of the bilinear
-    form (they add terms linear in the query or key token).
-
-    Raises ``ValueError`` for a module with RoPE (its scores are not
-    :math:`x_i W_i^{QK} x_j^\top`) or with grouped keys/values (use
-    :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
-    """
-    i = _check_circuit_args(mha, head, "qk_circuit", QK_NEEDS_NO_ROPE)
-    w_q = mha.w_q_heads.detach()  # (h, d_model, d_k)
-    w_k = mha.w_k_heads.detach()  # (h, d_model, d_k)
-    fm = FactoredMatrix(w_q, w_k.mT)  # (h, d_model, d_k) @ (h, d_k, d_model)
-    return fm if i is None else fm[i]
-
-
-def ov_circuit(
-    mha: MultiHeadAttention, head: int | None = None
-) -> FactoredMatrix:
-    r"""Head ``head``'s :math:`W_i^{OV} = W_i^V W_i^O`, kept factored.
-
-    ``(d_model, d_model)``, rank <= ``d_v``: ``left`` = :math:`W_i^V`
-    ``(d_model, d_v)``, ``right`` = :math:`W_i^O` ``(d_v, d_model)``: a token's
-    contribution to the layer's output, per unit of attention paid to it.
-    With ``head=None``, all heads at once: batch ``(h,)``. Detached views of ``mha``'s
-    weights; biases are not included. RoPE rotates queries and keys only, so with
-    RoPE this is still the head's circuit; grouped keys/values raise ``ValueError``
-    (use :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
-    """
-    i = _check_circuit_args(mha, head, "ov_circuit", None)
-    w_v = mha.w_v_heads.detach()  # (h, d_model, d_v)
-    w_o = mha.w_o_heads.detach()  # (h, d_v, d_model)
-    fm = FactoredMatrix(w_v, w_o)
-    return fm if i is None else fm[i]
