@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from attnlib._core import check_index, check_tensor, format_shape
-from attnlib.interop import read_separate_linear
+from attnlib.interop.layouts import read_separate_linear
 from attnlib.multihead import MultiHeadAttention
 
 if TYPE_CHECKING:  # pragma: no cover
