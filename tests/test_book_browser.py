@@ -485,6 +485,37 @@ def explorer_pages(site: str) -> dict[str, list[str]]:
     return _explorer_pages(site)
 
 
+@pytest.fixture(scope="module")
+def explorer_checks(browser: object, built: Path, explorer_pages: dict[str, list[str]]) -> dict[str, dict]:
+    """Each page with explorers, opened once straight from the disk (file://, no server), as a
+    reader who double-clicks the built HTML does. On that one visit, every control of every
+    explorer is operated (``_controls_failures``), then every view is driven and the numbers
+    drawn are read (``_numbers_failures``); the two tests below assert on what was found.
+    One page at a time, in one browser context."""
+    context = browser.new_context()  # type: ignore[attr-defined]
+    checks: dict[str, dict] = {}
+    try:
+        for name, ids in explorer_pages.items():
+            visit = PageVisit(context, (built / f"{name}.html").as_uri()).ready()
+            try:
+                for root_id in ids:
+                    visit.page.locator(f"#{root_id}").scroll_into_view_if_needed()
+                    visit.page.wait_for_function(
+                        "id => document.getElementById(id).classList.contains('explorer-ready')",
+                        arg=root_id, timeout=10000)
+                controls = _controls_failures(visit, name, ids)
+                controls_errors = list(visit.errors)
+                numbers, kinds = _numbers_failures(visit, name, ids)
+                checks[name] = {"controls": controls, "controls_errors": controls_errors,
+                                "numbers": numbers, "kinds": kinds, "errors": list(visit.errors),
+                                "external": list(visit.external)}
+            finally:
+                visit.close()
+    finally:
+        context.close()
+    return checks
+
+
 def test_the_book_has_its_explorers(explorer_pages: dict[str, list[str]]) -> None:
     """Guards the tests below against passing on a book without interactive figures."""
     names = [i for ids in explorer_pages.values() for i in ids]
@@ -492,45 +523,54 @@ def test_the_book_has_its_explorers(explorer_pages: dict[str, list[str]]) -> Non
     assert len(names) == len(set(names))
 
 
-def test_every_explorer_starts_with_labelled_native_controls_that_change_the_figure(  # noqa: C901
-        browser: object, built: Path, explorer_pages: dict[str, list[str]]) -> None:
+def _controls_failures(visit: PageVisit, name: str, ids: list[str]) -> list[str]:  # noqa: C901
+    """Every explorer on one open page: it has started (no static fallback left), its controls
+    are native, labelled and reachable by Tab, operating each by keyboard and by mouse changes
+    the figure, and its labels keep a contrast of 4.5:1 in light and dark mode. Returns what
+    failed."""
+    failed: list[str] = []
+    width = 1280
+    for root_id in ids:
+        root = visit.page.locator(f"#{root_id}")
+        root.scroll_into_view_if_needed()
+        st = root.evaluate(_EXPLORER_STATE)
+        if st["fallbacks"]:
+            failed.append(f"{name}: {root_id} still shows its static fallback")
+        if not st["figure"]:
+            failed.append(f"{name}: {root_id} draws no svg.explorer-figure")
+        kinds = {c["tag"] for c in st["controls"]}
+        if not kinds & {"select", "input"}:
+            failed.append(f"{name}: {root_id} has no select or slider")
+        for c in st["controls"]:
+            if c["tag"] not in ("select", "input", "button") or (c["tag"] == "input" and c["type"] != "range"):
+                failed.append(f"{name}: {root_id}: not a native select, slider or button: {c}")
+            if not c["label"]:
+                failed.append(f"{name}: {root_id}: a control without a label: {c}")
+            if c["tabIndex"] < 0:
+                failed.append(f"{name}: {root_id}: not reachable by Tab: {c}")
+        failed += [f"{name} @{width}px: {f}" for f in _operate_every_control(visit.page, root_id)]
+        # light and dark: labels keep a contrast of at least 4.5:1 (WCAG AA)
+        for theme in ("light", "dark"):
+            visit.page.evaluate(f"document.documentElement.dataset.theme = '{theme}'")
+            c = root.evaluate(_COLOURS)
+            for what in ("text", "label"):
+                ratio = _contrast(c[what], c["background"])
+                if ratio < 4.5:
+                    failed.append(f"{name} ({theme}): {root_id} {what} contrast {ratio:.1f}: {c}")
+    return failed
+
+
+def test_every_explorer_starts_with_labelled_native_controls_that_change_the_figure(
+        explorer_checks: dict[str, dict]) -> None:
     """Each page is opened straight from the disk (file://, no server), as a reader who
     double-clicks the built HTML does; every explorer starts and answers every control, with
     no console error and no request off the disk. (Served over http, the same pages are read,
-    with their console errors and requests, by the ``pages`` fixture above.)"""
-    failed: list[str] = []
-    for name, ids in explorer_pages.items():
-        for width in (1280,):  # phone width: test_phone_width_has_no_horizontal_scroll
-            visit = PageVisit(browser, (built / f"{name}.html").as_uri(), width=width).ready()
-            try:
-                for root_id in ids:
-                    root = visit.page.locator(f"#{root_id}")
-                    root.scroll_into_view_if_needed()
-                    visit.page.wait_for_function(
-                        "id => document.getElementById(id).classList.contains('explorer-ready')",
-                        arg=root_id, timeout=10000)
-                    st = root.evaluate(_EXPLORER_STATE)
-                    assert st["fallbacks"] == 0, f"{name}: {root_id} still shows its static fallback"
-                    assert st["figure"], f"{name}: {root_id} draws no svg.explorer-figure"
-                    kinds = {c["tag"] for c in st["controls"]}
-                    assert kinds & {"select", "input"}, f"{name}: {root_id} has no select or slider"
-                    for c in st["controls"]:
-                        assert c["tag"] in ("select", "input", "button"), f"{root_id}: {c}"
-                        assert c["tag"] != "input" or c["type"] == "range", f"{root_id}: {c}"
-                        assert c["label"], f"{name}: {root_id}: a control without a label: {c}"
-                        assert c["tabIndex"] >= 0, f"{name}: {root_id}: not reachable by Tab: {c}"
-                    failed += [f"{name} @{width}px: {f}" for f in _operate_every_control(visit.page, root_id)]
-                    # light and dark: labels keep a contrast of at least 4.5:1 (WCAG AA)
-                    for theme in ("light", "dark"):
-                        visit.page.evaluate(f"document.documentElement.dataset.theme = '{theme}'")
-                        c = root.evaluate(_COLOURS)
-                        for what in ("text", "label"):
-                            ratio = _contrast(c[what], c["background"])
-                            assert ratio >= 4.5, f"{name} ({theme}): {root_id} {what} contrast {ratio:.1f}: {c}"
-                assert not visit.errors, f"{name}: console errors: {visit.errors[:5]}"
-                assert not visit.external, f"{name}: requests off the disk: {visit.external[:5]}"
-            finally:
-                visit.close()
+    with their console errors and requests, by the ``pages`` fixture above; the phone width by
+    test_phone_width_has_no_horizontal_scroll.)"""
+    failed = [f for check in explorer_checks.values() for f in check["controls"]]
+    for name, check in explorer_checks.items():
+        assert not check["controls_errors"], f"{name}: console errors: {check['controls_errors'][:5]}"
+        assert not check["external"], f"{name}: requests off the disk: {check['external'][:5]}"
     assert not failed, "\n".join(failed)
 
 
@@ -865,34 +905,38 @@ def _check_online_softmax(root_id: str, got: dict) -> list[str]:  # noqa: C901
     return failed
 
 
-def test_the_explorers_draw_attnlibs_numbers(browser: object, site: str, explorer_pages: dict[str, list[str]]) -> None:
-    """Every view of every explorer: the numbers its script draws are attnlib's."""
+def _numbers_failures(visit: PageVisit, name: str, ids: list[str]) -> tuple[list[str], set[str]]:
+    """Every view of every explorer on one open page, chosen through its own controls: what
+    the script drew, against attnlib's computation. Returns what failed and the kinds checked."""
     failed: list[str] = []
-    checked = set()
-    for name, ids in explorer_pages.items():
-        visit = PageVisit(browser, urljoin(site, f"{name}.html")).ready()
-        try:
-            for root_id in ids:
-                root = visit.page.locator(f"#{root_id}")
-                visit.page.wait_for_function(
-                    "id => document.getElementById(id).classList.contains('explorer-ready')",
-                    arg=root_id, timeout=10000)
-                kind = root.get_attribute("data-explorer")
-                if kind == "sharpness":
-                    failed += _check_sharpness(root_id, root.evaluate(_SHARPNESS_VIEWS))
-                elif kind == "heads":
-                    data = json.loads(root.evaluate("r => r.querySelector('script.explorer-data').textContent"))
-                    wanted = _heads_views(data)
-                    views = visit.page.evaluate(_HEADS_VIEWS, [root.element_handle(), wanted])
-                    assert [[v[x] for x in "slhr"] for v in views] == wanted
-                    failed += _check_heads(root_id, {"data": data, "views": views})
-                elif kind == "online-softmax":
-                    failed += _check_online_softmax(root_id, root.evaluate(_ONLINE_SOFTMAX_VIEWS))
-                else:
-                    failed.append(f"{name}: {root_id}: no numeric check for explorer kind {kind!r}")
-                checked.add(kind)
-            assert not visit.errors, f"{name}: console errors: {visit.errors[:5]}"
-        finally:
-            visit.close()
+    checked: set[str] = set()
+    for root_id in ids:
+        root = visit.page.locator(f"#{root_id}")
+        kind = root.get_attribute("data-explorer")
+        if kind == "sharpness":
+            failed += _check_sharpness(root_id, root.evaluate(_SHARPNESS_VIEWS))
+        elif kind == "heads":
+            data = json.loads(root.evaluate("r => r.querySelector('script.explorer-data').textContent"))
+            wanted = _heads_views(data)
+            views = visit.page.evaluate(_HEADS_VIEWS, [root.element_handle(), wanted])
+            if [[v[x] for x in "slhr"] for v in views] != wanted:
+                failed.append(f"{name}: {root_id}: the views shown are not the views asked for")
+            failed += _check_heads(root_id, {"data": data, "views": views})
+        elif kind == "online-softmax":
+            failed += _check_online_softmax(root_id, root.evaluate(_ONLINE_SOFTMAX_VIEWS))
+        else:
+            failed.append(f"{name}: {root_id}: no numeric check for explorer kind {kind!r}")
+        checked.add(str(kind))
+    return failed, checked
+
+
+def test_the_explorers_draw_attnlibs_numbers(explorer_checks: dict[str, dict]) -> None:
+    """Every view of every explorer: the numbers its script draws are attnlib's. (Read on the
+    visit of the test above, after its controls were operated: every view is chosen here
+    through the controls again.)"""
+    failed = [f for check in explorer_checks.values() for f in check["numbers"]]
+    checked = set().union(*(check["kinds"] for check in explorer_checks.values()))
+    for name, check in explorer_checks.items():
+        assert not check["errors"], f"{name}: console errors: {check['errors'][:5]}"
     assert checked >= {"sharpness", "heads", "online-softmax"}, checked
     assert not failed, "\n".join(failed[:20]) + (f"\n... and {len(failed) - 20} more" if len(failed) > 20 else "")
