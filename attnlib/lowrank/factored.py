@@ -2,6 +2,10 @@ r"""A product of a tall and a wide factor, kept factored: :class:`FactoredMatrix
 
 Every head's :math:`W_i^{QK} = W_i^Q {W_i^K}^\top` and :math:`W_i^{OV} = W_i^V W_i^O` is such a
 product (:mod:`attnlib.lowrank.circuits` builds them); this module knows nothing of attention.
+
+The idea (one object for a low-rank product, its SVD and rank through the factors) is
+TransformerLens's ``FactoredMatrix`` (Nanda and Bloom, 2022); this one is written anew, in the
+book's row-vector orientation.
 """
 
 from __future__ import annotations
