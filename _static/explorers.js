@@ -330,8 +330,56 @@
     draw();
   }
 
+  /* ---- chapter 11: how layer 1's heads read layer 0's (composition scores) ---- */
+  function composition(root, data) {
+    var id = root.id, H = data.heads;
+    var state = { r: data["default"][0], k: data["default"][1] };
+    var top = 0;  // one colour scale for every view: the largest score embedded
+    data.scores.forEach(function (run) { run.forEach(function (m) { m.forEach(function (row) {
+      row.forEach(function (x) { top = Math.max(top, x); }); }); }); });
+    var controls = el("div", { "class": "explorer-controls" }, root);
+    var seed = selectControl(controls, id + "-seed", "seed",
+      data.seeds.map(function (s) { return String(s); }), state.r);
+    var kind = selectControl(controls, id + "-kind", "composition",
+      data.kinds.map(function (k) { return k + " (layer 1 reads it through its " +
+        { Q: "queries", K: "keys", V: "values" }[k] + ")"; }), state.k);
+    var cell = 64, lab = 92, W = lab + cell * H + 8;
+    var fig = svg("svg", { "class": "explorer-figure", viewBox: "0 0 " + W + " " + (lab + cell * H + 8),
+                           role: "img" }, root);
+    var readout = el("p", { "class": "explorer-readout", "aria-live": "polite" }, root);
+
+    function draw() {
+      var m = data.scores[state.r][state.k], what = "seed " + data.seeds[state.r] + ", " +
+        data.kinds[state.k] + "-composition";
+      while (fig.firstChild) fig.removeChild(fig.firstChild);
+      svg("title", {}, fig, "Composition scores, " + what);
+      svg("text", { x: lab, y: 14, "class": "explorer-axis" }, fig, "reader: layer-1 head");
+      var best = [0, 0];
+      for (var i = 0; i < H; i++) {
+        svg("text", { x: lab - 6, y: lab + cell * i + cell / 2 + 4, "text-anchor": "end",
+                      "class": "explorer-label" }, fig, "L0 head " + i);
+        svg("text", { x: lab + cell * i + cell / 2, y: lab - 8, "text-anchor": "middle",
+                      "class": "explorer-label" }, fig, "L1 head " + i);
+        for (var j = 0; j < H; j++) {
+          if (m[i][j] > m[best[0]][best[1]]) best = [i, j];
+          svg("rect", { x: lab + cell * j, y: lab + cell * i, width: cell, height: cell,
+                        "class": "explorer-cell", "fill-opacity": fmt(0.6 * m[i][j] / top, 3) }, fig);
+          svg("text", { x: lab + cell * j + cell / 2, y: lab + cell * i + cell / 2 + 4, "text-anchor": "middle",
+                        "class": "explorer-label" }, fig, fmt(m[i][j], 3));
+        }
+      }
+      svg("text", { x: 4, y: lab - 24, "class": "explorer-axis" }, fig, "writer: layer-0 head");
+      readout.textContent = what + ": the largest score is " + fmt(m[best[0]][best[1]], 3) +
+        ", layer-0 head " + best[0] + " into layer-1 head " + best[1] + "; random matrices of these shapes score " +
+        fmt(data.control[0], 3) + " to " + fmt(data.control[1], 3) + ".";
+    }
+    seed.addEventListener("change", function () { state.r = +seed.value; draw(); });
+    kind.addEventListener("change", function () { state.k = +kind.value; draw(); });
+    draw();
+  }
+
   /* ---- start every explorer on the page ------------------------------------- */
-  var KINDS = { sharpness: sharpness, heads: heads, "online-softmax": onlineSoftmax };
+  var KINDS = { sharpness: sharpness, heads: heads, "online-softmax": onlineSoftmax, composition: composition };
 
   function start(root) {
     var kind = KINDS[root.getAttribute("data-explorer")];

@@ -15,6 +15,8 @@ The library behind the book. One module per idea, in the order of the chapters:
 - :mod:`attnlib.audit`: is my attention right? diagnose a learner's module, or its KV cache (ch. 9)
 - :mod:`attnlib.blockwise`: attention tile by tile, without the n x n matrix: the online
   softmax, the log-sum-exp merge, split-K, the backward from the saved log-sum-exp (ch. 10)
+- :mod:`attnlib.induction`: two heads that work together: a two-layer attention-only model,
+  its induction heads, ablations and composition scores (ch. 11)
 - :mod:`attnlib.plots`, :mod:`attnlib.explorers`: the book's figures, static and interactive
 
 Shared records and the one set of argument checks live in :mod:`attnlib._core`.
@@ -29,6 +31,7 @@ from attnlib.audit import AuditReport, diagnose
 from attnlib.blockwise import Partial, blockwise_attention, merge, split_k_attention
 from attnlib.decoding import DecoderAttention, KVCache, LatentAttention, LatentCache
 from attnlib.explorers import head_explorer, sharpness_explorer
+from attnlib.induction import InductionRuns, RepeatTask, composition_score, composition_scores
 from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
 from attnlib.multihead import HeadWeights, MultiHeadAttention
 from attnlib.pretrained import mean_pool, minilm_attention
@@ -85,6 +88,11 @@ __all__ = [
     "Partial",
     "merge",
     "split_k_attention",
+    # chapter 11
+    "RepeatTask",
+    "InductionRuns",
+    "composition_score",
+    "composition_scores",
     # interactive figures
     "head_explorer",
     "sharpness_explorer",

@@ -519,7 +519,8 @@ def explorer_checks(browser: object, built: Path, explorer_pages: dict[str, list
 def test_the_book_has_its_explorers(explorer_pages: dict[str, list[str]]) -> None:
     """Guards the tests below against passing on a book without interactive figures."""
     names = [i for ids in explorer_pages.values() for i in ids]
-    assert {"explorer-sharpness", "explorer-heads", "explorer-online-softmax"} <= set(names), explorer_pages
+    assert {"explorer-sharpness", "explorer-heads", "explorer-online-softmax",
+            "explorer-composition"} <= set(names), explorer_pages
     assert len(names) == len(set(names))
 
 
@@ -905,6 +906,52 @@ def _check_online_softmax(root_id: str, got: dict) -> list[str]:  # noqa: C901
     return failed
 
 
+_COMPOSITION_VIEWS = """root => {
+    const data = JSON.parse(root.querySelector('script.explorer-data').textContent);
+    const seed = root.querySelector(`#${root.id}-seed`), kind = root.querySelector(`#${root.id}-kind`);
+    const views = [];
+    for (let r = 0; r < data.seeds.length; r++) {
+        seed.value = String(r); seed.dispatchEvent(new Event('change'));
+        for (let k = 0; k < data.kinds.length; k++) {
+            kind.value = String(k); kind.dispatchEvent(new Event('change'));
+            const fig = root.querySelector('svg.explorer-figure');
+            views.push({r, k, cells: [...fig.querySelectorAll('rect.explorer-cell')].map(c => +c.getAttribute('fill-opacity')),
+                        labels: [...fig.querySelectorAll('text.explorer-label')].map(t => t.textContent),
+                        readout: root.querySelector('.explorer-readout').textContent});
+        }
+    }
+    return {data, views};
+}"""
+
+
+def _check_composition(root_id: str, got: dict) -> list[str]:
+    """Chapter 11: every seed and kind, the drawn scores (cell labels and shading) and the
+    read-out's largest pair, against attnlib.induction.composition_scores of the shipped runs."""
+    from attnlib.induction import KINDS, composition_scores, load_runs
+
+    data, failed = got["data"], []
+    runs = load_runs()
+    top = max(x for run in data["scores"] for m in run for row in m for x in row)
+    assert len(got["views"]) == len(data["seeds"]) * len(KINDS)
+    for v in got["views"]:
+        r, k = v["r"], v["k"]
+        want = composition_scores(runs.layer(r, 0), runs.layer(r, 1), KINDS[k])  # (h, h)
+        h = want.shape[0]
+        where = f"{root_id} seed {data['seeds'][r]}, {KINDS[k]}"
+        shown = [float(x) for x in v["labels"] if re.fullmatch(r"\d\.\d{3}", x)]
+        flat = want.flatten().tolist()
+        if len(shown) != h * h or any(abs(a - b) > 0.0005 + 1e-9 for a, b in zip(shown, flat)):
+            failed.append(f"{where}: cells labelled {shown}, attnlib {flat}")
+        if any(abs(c - 0.6 * b / top) > 0.002 for c, b in zip(v["cells"], flat)):
+            failed.append(f"{where}: shading {v['cells']} does not follow the scores")
+        page = data["scores"][r][k]  # the read-out names the first largest of the 3-decimal scores
+        flat_page = [x for row in page for x in row]
+        i, j = divmod(flat_page.index(max(flat_page)), h)
+        if f"layer-0 head {i} into layer-1 head {j}" not in v["readout"]:
+            failed.append(f"{where}: read-out {v['readout']!r}, expected the pair ({i}, {j})")
+    return failed
+
+
 def _numbers_failures(visit: PageVisit, name: str, ids: list[str]) -> tuple[list[str], set[str]]:
     """Every view of every explorer on one open page, chosen through its own controls: what
     the script drew, against attnlib's computation. Returns what failed and the kinds checked."""
@@ -924,6 +971,8 @@ def _numbers_failures(visit: PageVisit, name: str, ids: list[str]) -> tuple[list
             failed += _check_heads(root_id, {"data": data, "views": views})
         elif kind == "online-softmax":
             failed += _check_online_softmax(root_id, root.evaluate(_ONLINE_SOFTMAX_VIEWS))
+        elif kind == "composition":
+            failed += _check_composition(root_id, root.evaluate(_COMPOSITION_VIEWS))
         else:
             failed.append(f"{name}: {root_id}: no numeric check for explorer kind {kind!r}")
         checked.add(str(kind))
@@ -938,5 +987,5 @@ def test_the_explorers_draw_attnlibs_numbers(explorer_checks: dict[str, dict]) -
     checked = set().union(*(check["kinds"] for check in explorer_checks.values()))
     for name, check in explorer_checks.items():
         assert not check["errors"], f"{name}: console errors: {check['errors'][:5]}"
-    assert checked >= {"sharpness", "heads", "online-softmax"}, checked
+    assert checked >= {"sharpness", "heads", "online-softmax", "composition"}, checked
     assert not failed, "\n".join(failed[:20]) + (f"\n... and {len(failed) - 20} more" if len(failed) > 20 else "")

@@ -1,0 +1,112 @@
+r"""How a head of layer 1 reads what a head of layer 0 wrote: composition scores (chapter 11).
+
+A head of layer 0 adds :math:`\alpha\, x W^{OV}_0` to the residual stream. A head of layer 1
+reads the stream three ways, and each reading passes layer 0's output through one of its
+matrices (row vectors, :math:`W^{QK} = W^Q {W^K}^\top`, :math:`W^{OV} = W^V W^O`):
+
+- its **queries** (Q-composition): :math:`(y W^{OV}_0)\, W^{QK}_1\, x^\top`, the product
+  :math:`W^{OV}_0 W^{QK}_1`;
+- its **keys** (K-composition): :math:`x\, W^{QK}_1 (y W^{OV}_0)^\top`, the product
+  :math:`W^{OV}_0 {W^{QK}_1}^\top`;
+- its **values** (V-composition): :math:`(y W^{OV}_0)\, W^{OV}_1`, the product
+  :math:`W^{OV}_0 W^{OV}_1`.
+
+The composition score of Elhage et al. (2021) measures how much of the product survives,
+
+.. math::
+    C(A, B) = \frac{\lVert A B \rVert_F}{\lVert A \rVert_F\, \lVert B \rVert_F} \in [0, 1],
+
+1 when the row space of ``A``'s output lines up with what ``B`` reads, near 0 when they are
+orthogonal. TransformerLens (Nanda and Bloom, 2022) computes it on its ``FactoredMatrix``;
+here it is computed on :class:`attnlib.FactoredMatrix` (chapter 4), through the factors: the
+product of two factored matrices stays factored, and its Frobenius norm is the root of the
+sum of its squared singular values, from an ``r x r`` problem.
+"""
+
+from __future__ import annotations
+
+
+import torch
+from torch import Tensor
+
+from attnlib._core import check_positive_int, format_shape
+from attnlib.lowrank import FactoredMatrix, ov_circuit, qk_circuit
+from attnlib.multihead import MultiHeadAttention
+
+__all__ = ["frobenius", "composition_score", "composition_scores", "random_composition_scores", "KINDS"]
+
+KINDS = ("Q", "K", "V")
+
+
+def frobenius(m: FactoredMatrix) -> Tensor:
+    r""":math:`\lVert M \rVert_F = \sqrt{\sum_j s_j^2}` from the singular values of the factored
+    ``M`` ``(..., m, n)``; shape ``...``."""
+    if not isinstance(m, FactoredMatrix):
+        raise TypeError(f"m must be an attnlib.FactoredMatrix, got {type(m).__name__}")
+    return m.singular_values.square().sum(-1).sqrt()  # (...,)
+
+
+def composition_score(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
+    r""":math:`\lVert A B \rVert_F / (\lVert A \rVert_F \lVert B \rVert_F)` for ``a`` ``(..., m, n)``
+    and ``b`` ``(..., n, p)`` (batch dimensions broadcast); shape: the broadcast batch.
+
+    Between 0 and 1 (the Frobenius norm is submultiplicative); unchanged when ``a`` or ``b``
+    is scaled, and when an orthogonal ``U`` is put between them (``a U``, ``U^T b``)."""
+    for name, m in (("a", a), ("b", b)):
+        if not isinstance(m, FactoredMatrix):
+            raise TypeError(f"{name} must be an attnlib.FactoredMatrix, got {type(m).__name__}")
+    if a.n != b.m:
+        raise ValueError(f"a (..., m, n) and b (..., n, p) must share n: a is {format_shape(a.shape)}, "
+                         f"b is {format_shape(b.shape)}")
+    product = a @ b  # FactoredMatrix (..., m, p), inner dimension a.r
+    assert isinstance(product, FactoredMatrix)
+    return frobenius(product) / (frobenius(a) * frobenius(b))
+
+
+def composition_scores(layer0: MultiHeadAttention, layer1: MultiHeadAttention, kind: str) -> Tensor:
+    r"""Every (layer-0 head ``i``, layer-1 head ``j``) score of one kind: ``(h0, h1)``.
+
+    ``kind``: ``"Q"`` scores :math:`W^{OV}_{0,i} W^{QK}_{1,j}`, ``"K"`` scores
+    :math:`W^{OV}_{0,i} {W^{QK}_{1,j}}^\top`, ``"V"`` scores :math:`W^{OV}_{0,i} W^{OV}_{1,j}`
+    (see the module). The circuits are :func:`attnlib.ov_circuit` and
+    :func:`attnlib.qk_circuit`, computed in float64.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    for name, m in (("layer0", layer0), ("layer1", layer1)):
+        if not isinstance(m, MultiHeadAttention):
+            raise TypeError(f"{name} must be an attnlib.MultiHeadAttention, got {type(m).__name__}")
+    if layer0.d_model != layer1.d_model:
+        raise ValueError(f"layer0 and layer1 must share d_model, got {layer0.d_model} and {layer1.d_model}")
+
+    def f64(fm: FactoredMatrix) -> FactoredMatrix:
+        return FactoredMatrix(fm.left.double(), fm.right.double())
+
+    ov0 = f64(ov_circuit(layer0))  # batch (h0,): (h0, d, d)
+    reader = f64(ov_circuit(layer1) if kind == "V" else qk_circuit(layer1))  # batch (h1,)
+    if kind == "K":
+        reader = reader.T
+    a = FactoredMatrix(ov0.left[:, None], ov0.right[:, None])  # batch (h0, 1)
+    b = FactoredMatrix(reader.left[None], reader.right[None])  # batch (1, h1)
+    return composition_score(a, b)  # (h0, h1)
+
+
+def random_composition_scores(d_model: int, d_k: int, n: int, generator: torch.Generator) -> Tensor:
+    r"""The control: ``n`` scores :math:`C(A, B)` of random matrices with a head's shapes,
+    :math:`A = L_A R_A`, :math:`B = L_B R_B` with Gaussian factors ``(d_model, d_k)`` and
+    ``(d_k, d_model)``: what two heads score when neither was fitted to the other.
+    Returns ``(n,)`` (float64). It concentrates near :math:`1 / \sqrt{d_{model}}`, as for
+    two independent Gaussian matrices: :math:`\lVert AB \rVert_F^2` grows like
+    :math:`d^3` and :math:`\lVert A \rVert_F^2 \lVert B \rVert_F^2` like :math:`d^4`."""
+    check_positive_int("d_model", d_model)
+    check_positive_int("d_k", d_k)
+    check_positive_int("n", n)
+    if d_k > d_model:
+        raise ValueError(f"d_k ({d_k}) must be at most d_model ({d_model})")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    f = [torch.randn(n, *s, generator=generator, dtype=torch.float64)
+         for s in ((d_model, d_k), (d_k, d_model), (d_model, d_k), (d_k, d_model))]
+    return composition_score(FactoredMatrix(f[0], f[1]), FactoredMatrix(f[2], f[3]))  # (n,)
+
+

@@ -1,0 +1,85 @@
+r"""Finding the heads by what they do: attention-pattern scores and ablations (chapter 11).
+
+For one head's map :math:`A` ``(T, T)`` on a sequence :math:`t` with period ``p``, three
+shares of its attention, averaged over the positions ``i`` the repeat decides
+(:meth:`~attnlib.induction.RepeatTask.predictable`):
+
+.. math::
+    \text{previous} = A_{i,\,i-1}, \qquad
+    \text{duplicate} = \sum_{j < i,\; t_j = t_i} A_{ij}, \qquad
+    \text{induction} = \sum_{1 \le j \le i,\; t_{j-1} = t_i} A_{ij} .
+
+A *previous-token* head puts its weight on the position just before; a *duplicate-token*
+head on the earlier occurrences of the current token; an *induction* head on the tokens
+that *followed* the earlier occurrences, which are the right answers (Olsson et al., 2022).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnlib._core import check_tensor, format_shape
+from attnlib.induction.data import RepeatBatch
+from attnlib.induction.model import N_LAYERS, InductionRuns
+
+__all__ = ["PATTERNS", "pattern_masks", "pattern_scores", "ablation_accuracy"]
+
+PATTERNS = ("previous", "duplicate", "induction")
+
+
+def pattern_masks(tokens: Tensor) -> dict[str, Tensor]:
+    """The key positions each pattern counts, per query position: ``tokens`` ``(B, T)`` ->
+    ``{"previous", "duplicate", "induction"}``, each bool ``(B, T, T)`` (query, key)."""
+    check_tensor("tokens", tokens)
+    if tokens.dim() != 2 or tokens.dtype != torch.long:
+        raise ValueError(f"tokens must be (B, T) torch.long ids, got {tokens.dtype} {format_shape(tokens)}")
+    B, T = tokens.shape
+    before = torch.ones(T, T, dtype=torch.bool).tril(-1)  # (T, T): j < i
+    previous = torch.zeros(T, T, dtype=torch.bool)
+    previous[torch.arange(1, T), torch.arange(T - 1)] = True  # j = i - 1
+    same = tokens[:, :, None] == tokens[:, None, :]  # (B, T, T): t_i = t_j
+    after = torch.zeros(B, T, T, dtype=torch.bool)
+    after[:, :, 1:] = tokens[:, :, None] == tokens[:, None, :-1]  # t_{j-1} = t_i
+    return {
+        "previous": previous.expand(B, T, T),
+        "duplicate": same & before,
+        "induction": after & torch.ones(T, T, dtype=torch.bool).tril(),  # j <= i
+    }
+
+
+def pattern_scores(runs: InductionRuns, batch: RepeatBatch) -> dict[str, Tensor]:
+    """Every head's three scores (see the module) on one shared ``batch``: each
+    ``(R, 2, h)`` (run, layer, head), float64."""
+    if not isinstance(runs, InductionRuns):
+        raise TypeError(f"runs must be an InductionRuns, got {type(runs).__name__}")
+    tokens, period = batch
+    R = runs.n_runs
+    with torch.no_grad():
+        _, maps = runs(tokens.expand(R, -1, -1))  # per layer (R, B, h, T, T)
+    rows = runs.task.predictable(period).double()  # (B, T)
+    out = {}
+    for name, mask in pattern_masks(tokens).items():
+        per_layer = []
+        for l in range(N_LAYERS):
+            share = (maps[l].double() * mask[None, :, None]).sum(-1)  # (R, B, h, T)
+            per_layer.append((share * rows[None, :, None]).sum((1, 3)) / rows.sum())  # (R, h)
+        out[name] = torch.stack(per_layer, 1)  # (R, 2, h)
+    return out
+
+
+def ablation_accuracy(runs: InductionRuns, batch: RepeatBatch, heads: list[tuple[int, int]]) -> Tensor:
+    """Accuracy on the positions the repeat decides with the listed ``(layer, head)`` pairs
+    ablated (their output multiplied by 0) in every run: ``(R,)``. An empty list: the intact
+    model."""
+    if not isinstance(runs, InductionRuns):
+        raise TypeError(f"runs must be an InductionRuns, got {type(runs).__name__}")
+    keep = torch.ones(runs.n_runs, N_LAYERS, runs.num_heads)
+    for pair in heads:
+        l, h = pair
+        if not (0 <= l < N_LAYERS and 0 <= h < runs.num_heads):
+            raise IndexError(f"heads must be (layer < {N_LAYERS}, head < {runs.num_heads}) pairs, got {pair!r}")
+        keep[:, l, h] = 0.0
+    R = runs.n_runs
+    acc, _ = runs.score(batch.tokens.expand(R, -1, -1), batch.period.expand(R, -1), keep.to(runs.embed.dtype))
+    return acc

@@ -1,0 +1,258 @@
+"""attnlib.induction (chapter 11): the repeat task, the batched two-layer model, pattern
+scores, ablations, composition scores and the composition explorer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlib import FactoredMatrix, assert_rounding_close
+from attnlib.induction import (
+    CHAPTER_SETTINGS,
+    InductionRuns,
+    RepeatTask,
+    ablation_accuracy,
+    composition_score,
+    composition_scores,
+    frobenius,
+    load_runs,
+    pattern_masks,
+    pattern_scores,
+    random_composition_scores,
+    save_runs,
+    train_induction,
+)
+from attnlib.induction.explorer import composition_explorer
+
+TASK = RepeatTask(12, 12, 3, 6)
+
+
+def small_runs(seeds: list[int] = [0, 1, 2]) -> InductionRuns:
+    return InductionRuns(TASK, 8, 2, seeds, dtype=torch.float64)
+
+
+# ---- the task ------------------------------------------------------------------------
+def test_a_sequence_is_its_block_repeated() -> None:
+    b = TASK.sample(50, torch.Generator().manual_seed(0))
+    assert b.tokens.shape == (50, 12) and b.period.shape == (50,)
+    for t, p in zip(b.tokens, b.period.tolist()):
+        assert TASK.min_period <= p <= TASK.max_period
+        assert len(set(t[:p].tolist())) == p  # distinct block
+        assert (t[p:] == t[:-p]).all()
+    rows = TASK.predictable(b.period)
+    assert rows.sum(1).tolist() == [11 - p for p in b.period.tolist()]
+
+
+@pytest.mark.parametrize("args", [(4, 12, 3, 6), (12, 11, 3, 6), (12, 12, 1, 6), (12, 12, 5, 4)])
+def test_task_rejects_impossible_settings(args: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError):
+        RepeatTask(*args)
+
+
+def test_task_input_errors() -> None:
+    with pytest.raises(TypeError, match="generator"):
+        TASK.sample(2, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size"):
+        TASK.sample(0, torch.Generator())
+    with pytest.raises(ValueError, match="period"):
+        TASK.predictable(torch.tensor([3.0]))
+
+
+# ---- the model -----------------------------------------------------------------------
+@settings(max_examples=10, deadline=None)
+@given(seeds=st.lists(st.integers(0, 1000), min_size=1, max_size=3), batch=st.integers(1, 4), data=st.integers(0, 99))
+def test_batched_runs_equal_each_run_alone(seeds: list[int], batch: int, data: int) -> None:
+    runs = InductionRuns(TASK, 8, 2, seeds, dtype=torch.float64)
+    tokens = TASK.sample(batch, torch.Generator().manual_seed(data)).tokens
+    with torch.no_grad():
+        logits, maps = runs(tokens.expand(len(seeds), -1, -1))
+    assert logits.shape == (len(seeds), batch, 12, 12) and maps[0].shape == (len(seeds), batch, 2, 12, 12)
+    for r in range(len(seeds)):
+        assert_rounding_close(logits[r], runs.forward_one(r, tokens), 8, 12, 8)
+    same = InductionRuns(TASK, 8, 2, seeds[:1], dtype=torch.float64)  # a run's weights depend on its seed only
+    torch.testing.assert_close(same.w_q[0], runs.w_q[0], rtol=0, atol=0)
+
+
+def test_ablating_a_head_removes_its_output() -> None:
+    runs = small_runs()
+    tokens = TASK.sample(3, torch.Generator().manual_seed(1)).tokens.expand(3, -1, -1)
+    keep = torch.ones(3, 2, 2, dtype=torch.float64)
+    keep[:, 1] = 0  # layer 1 off: the logits are layer 0's alone
+    with torch.no_grad():
+        out, _ = runs(tokens, keep)
+        zero = runs.w_o.clone()
+        runs.w_o[:, 1] = 0
+        ref, _ = runs(tokens)
+    torch.testing.assert_close(out, ref)
+    assert not torch.equal(zero, runs.w_o)
+
+
+def test_model_input_errors() -> None:
+    with pytest.raises(TypeError, match="task"):
+        InductionRuns("task", 8, 2, [0])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="divide"):
+        InductionRuns(TASK, 9, 2, [0])
+    with pytest.raises(ValueError, match="seeds"):
+        InductionRuns(TASK, 8, 2, [])
+    runs = small_runs([0])
+    with pytest.raises(ValueError, match="tokens"):
+        runs(torch.zeros(1, 2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="ids"):
+        runs(torch.full((1, 2, 12), 12))
+    with pytest.raises(ValueError, match="keep"):
+        runs(torch.zeros(1, 2, 12, dtype=torch.long), torch.ones(1, 2))
+    with pytest.raises(IndexError):
+        runs.layer(1, 0)
+    with pytest.raises(IndexError):
+        runs.layer(0, 2)
+    with pytest.raises(IndexError, match="heads"):
+        ablation_accuracy(runs, TASK.sample(2, torch.Generator()), [(0, 2)])
+    with pytest.raises(TypeError):
+        pattern_scores("runs", TASK.sample(2, torch.Generator()))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="steps"):
+        train_induction(runs, steps=0)
+
+
+def test_save_and_load_round_trip(tmp_path: Path) -> None:
+    runs = small_runs([5, 6])
+    save_runs(runs, tmp_path / "r.safetensors")
+    back = load_runs(tmp_path / "r.safetensors")
+    assert back.seeds == [5, 6] and back.task == TASK
+    for name, p in runs.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[name], p, rtol=0, atol=0)
+    with pytest.raises(FileNotFoundError):
+        load_runs(tmp_path / "missing.safetensors")
+    from safetensors.torch import save_file
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="metadata"):
+        load_runs(tmp_path / "other.safetensors")
+
+
+def test_the_shipped_runs_are_the_chapters() -> None:
+    runs = load_runs()
+    s = CHAPTER_SETTINGS
+    assert runs.seeds == s["seeds"] and (runs.d_model, runs.num_heads) == (s["d_model"], s["num_heads"])
+    assert (runs.task.n_vocab, runs.task.seq_len) == (s["n_vocab"], s["seq_len"])
+
+
+# ---- patterns ------------------------------------------------------------------------
+def test_pattern_masks_by_hand() -> None:
+    t = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    m = pattern_masks(t)
+    assert m["previous"][0, 4].nonzero().flatten().tolist() == [3]
+    assert m["duplicate"][0, 4].nonzero().flatten().tolist() == [1]  # the earlier 6
+    assert m["induction"][0, 4].nonzero().flatten().tolist() == [2]  # what followed the earlier 6
+    assert m["induction"][0, 3].nonzero().flatten().tolist() == [1]
+    with pytest.raises(ValueError, match="tokens"):
+        pattern_masks(t[0])
+
+
+# ---- composition scores -----------------------------------------------------------------
+def fm(gen: torch.Generator, m: int, r: int, n: int) -> FactoredMatrix:
+    return FactoredMatrix(torch.randn(m, r, generator=gen, dtype=torch.float64),
+                          torch.randn(r, n, generator=gen, dtype=torch.float64))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), r=st.integers(1, 4), s=st.floats(0.1, 10), t=st.floats(-10, -0.1))
+def test_composition_score_is_the_dense_ratio_and_invariant(seed: int, r: int, s: float, t: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    a, b = fm(gen, 6, r, 5), fm(gen, 5, r, 7)
+    c = composition_score(a, b)
+    dense = (a.full() @ b.full()).norm() / (a.full().norm() * b.full().norm())
+    assert_rounding_close(c, dense, 5, r, r)
+    assert 0 <= c.item() <= 1 + 1e-12
+    assert_rounding_close(frobenius(a), a.full().norm(), r, r)
+    u, _ = torch.linalg.qr(torch.randn(5, 5, generator=gen, dtype=torch.float64))
+    scaled = composition_score(FactoredMatrix(s * a.left, a.right), FactoredMatrix(b.left, t * b.right))
+    rotated = composition_score(FactoredMatrix(a.left, a.right @ u), FactoredMatrix(u.T @ b.left, b.right))
+    assert_rounding_close(scaled, c, 5, r, r)
+    assert_rounding_close(rotated, c, 5, 5, r)
+
+
+def test_composition_scores_match_the_circuits() -> None:
+    runs = small_runs([3])
+    l0, l1 = runs.layer(0, 0), runs.layer(0, 1)
+    ov0 = l0.w_v_heads.double() @ l0.w_o_heads.double()
+    reads = {"Q": l1.w_q_heads.double() @ l1.w_k_heads.double().mT,
+             "V": l1.w_v_heads.double() @ l1.w_o_heads.double()}
+    reads["K"] = reads["Q"].mT
+    for kind, b in reads.items():
+        got = composition_scores(l0, l1, kind)
+        want = torch.stack([torch.stack([(ov0[i] @ b[j]).norm() / (ov0[i].norm() * b[j].norm())
+                                         for j in range(2)]) for i in range(2)])
+        assert_rounding_close(got, want, 8, 8)
+
+
+def test_composition_input_errors() -> None:
+    gen = torch.Generator().manual_seed(0)
+    runs = small_runs([0])
+    with pytest.raises(TypeError):
+        composition_score(torch.eye(3), fm(gen, 3, 1, 3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="share n"):
+        composition_score(fm(gen, 3, 1, 4), fm(gen, 3, 1, 3))
+    with pytest.raises(TypeError):
+        frobenius(torch.eye(2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="kind"):
+        composition_scores(runs.layer(0, 0), runs.layer(0, 1), "O")
+    with pytest.raises(TypeError, match="layer0"):
+        composition_scores("x", runs.layer(0, 1), "K")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="d_k"):
+        random_composition_scores(4, 5, 3, gen)
+    with pytest.raises(TypeError, match="generator"):
+        random_composition_scores(4, 2, 3, 0)  # type: ignore[arg-type]
+
+
+def test_random_scores_concentrate_near_one_over_sqrt_d() -> None:
+    c = random_composition_scores(64, 16, 200, torch.Generator().manual_seed(0))
+    assert c.shape == (200,) and abs(c.mean().item() - 0.125) < 0.02
+
+
+# ---- the explorer ------------------------------------------------------------------------
+def test_composition_explorer_embeds_the_scores() -> None:
+    runs = small_runs([0, 1])
+    ex = composition_explorer(runs, (0.1, 0.2), default=(1, 2))
+    html = ex._repr_html_()
+    assert 'data-explorer="composition"' in html and 'id="explorer-composition"' in html
+    assert html == composition_explorer(runs, (0.1, 0.2), default=(1, 2))._repr_html_()
+    data = json.loads(json.dumps(ex.data))
+    assert data["kinds"] == ["Q", "K", "V"] and data["default"] == [1, 2] and data["seeds"] == [0, 1]
+    for r in range(2):
+        for k, kind in enumerate("QKV"):
+            want = composition_scores(runs.layer(r, 0), runs.layer(r, 1), kind)
+            assert (torch.tensor(data["scores"][r][k], dtype=torch.float64) - want).abs().max() <= 5e-4 + 1e-12
+    with pytest.raises(TypeError):
+        composition_explorer("runs", (0.1, 0.2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="control"):
+        composition_explorer(runs, (0.3, 0.2))
+    with pytest.raises(ValueError, match="default"):
+        composition_explorer(runs, (0.1, 0.2), default=(2, 0))
+
+
+# ---- retraining: the chapter's properties, from scratch ------------------------------------
+def test_a_retrained_run_grows_an_induction_circuit() -> None:
+    """One seed of the chapter's settings, 300 steps (the chapter's runs had 400): it learns the
+    task, both layer-1 heads are induction heads, exactly one layer-0 head is needed, and its
+    largest composition into layer 1 is K after a previous-token head, Q after a duplicate one."""
+    torch.set_num_threads(1)
+    s = CHAPTER_SETTINGS
+    task = RepeatTask(s["n_vocab"], s["seq_len"], s["min_period"], s["max_period"])
+    runs = InductionRuns(task, s["d_model"], s["num_heads"], seeds=[4])
+    train_induction(runs, steps=300, batch_size=s["batch_size"], lr=s["lr"])
+    test = task.sample(256, torch.Generator().manual_seed(1))
+    assert ablation_accuracy(runs, test, [])[0] >= 0.95
+    assert ablation_accuracy(runs, test, [(1, 0), (1, 1)])[0] <= 0.15
+    ps = pattern_scores(runs, test)
+    assert (ps["induction"][0, 1] >= 0.85).all()
+    drops = torch.stack([ablation_accuracy(runs, test, [(0, h)])[0] for h in range(2)])
+    first = int(drops.argmin())
+    assert drops[first] <= 0.35 and drops[1 - first] >= 0.9
+    kind = "K" if ps["previous"][0, 0, first] > ps["duplicate"][0, 0, first] else "Q"
+    scores = {k: composition_scores(runs.layer(0, 0), runs.layer(0, 1), k) for k in "QKV"}
+    best = max(scores, key=lambda k: scores[k].max().item())
+    assert best == kind and int(scores[best].max(1).values.argmax()) == first
