@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from attnlib import FactoredMatrix, assert_rounding_close
+from attnlib import FactoredMatrix, assert_rounding_close, rounding_tolerance
 from attnlib.induction import (
     CHAPTER_SETTINGS,
     InductionRuns,
@@ -28,6 +28,7 @@ from attnlib.induction import (
     train_induction,
 )
 from attnlib.induction.explorer import composition_explorer
+from strategies import examples
 
 TASK = RepeatTask(12, 12, 3, 6)
 
@@ -64,7 +65,7 @@ def test_task_input_errors() -> None:
 
 
 # ---- the model -----------------------------------------------------------------------
-@settings(max_examples=10, deadline=None)
+@examples(10)
 @given(seeds=st.lists(st.integers(0, 1000), min_size=1, max_size=3), batch=st.integers(1, 4), data=st.integers(0, 99))
 def test_batched_runs_equal_each_run_alone(seeds: list[int], batch: int, data: int) -> None:
     runs = InductionRuns(TASK, 8, 2, seeds, dtype=torch.float64)
@@ -158,21 +159,32 @@ def fm(gen: torch.Generator, m: int, r: int, n: int) -> FactoredMatrix:
                           torch.randn(r, n, generator=gen, dtype=torch.float64))
 
 
-@settings(max_examples=25, deadline=None)
+def _factor_scale(m: FactoredMatrix) -> float:
+    """||L|| ||R|| / ||LR||: how much larger the factors are than the matrix they make."""
+    return float(m.left.norm() * m.right.norm() / m.full().norm())
+
+
+@examples(25)
 @given(seed=st.integers(0, 10_000), r=st.integers(1, 4), s=st.floats(0.1, 10), t=st.floats(-10, -0.1))
 def test_composition_score_is_the_dense_ratio_and_invariant(seed: int, r: int, s: float, t: float) -> None:
     gen = torch.Generator().manual_seed(seed)
     a, b = fm(gen, 6, r, 5), fm(gen, 5, r, 7)
     c = composition_score(a, b)
     dense = (a.full() @ b.full()).norm() / (a.full().norm() * b.full().norm())
-    assert_rounding_close(c, dense, 5, r, r)
+    # The score is computed through the factors, so its rounding error is eps times the depth
+    # times the factors' sizes, relative to ||A|| ||B||: an absolute bound, scaled by how much
+    # larger the factors are than their product. (Relative to the score itself it would fail
+    # exactly when ||AB|| is small, by cancellation: the case that matters for a control.)
+    scale = max(_factor_scale(a) * _factor_scale(b), 1.0)
+    bound = rounding_tolerance(torch.float64, 5, r, r, 5, 5) * scale
+    assert abs(c - dense).item() <= bound
     assert 0 <= c.item() <= 1 + 1e-12
     assert_rounding_close(frobenius(a), a.full().norm(), r, r)
     u, _ = torch.linalg.qr(torch.randn(5, 5, generator=gen, dtype=torch.float64))
     scaled = composition_score(FactoredMatrix(s * a.left, a.right), FactoredMatrix(b.left, t * b.right))
     rotated = composition_score(FactoredMatrix(a.left, a.right @ u), FactoredMatrix(u.T @ b.left, b.right))
-    assert_rounding_close(scaled, c, 5, r, r)
-    assert_rounding_close(rotated, c, 5, 5, r)
+    assert abs(scaled - c).item() <= 2 * bound
+    assert abs(rotated - c).item() <= 2 * bound
 
 
 def test_composition_scores_match_the_circuits() -> None:

@@ -28,6 +28,8 @@ CHAPTER = {
     "attnlib.audit": 9,
     "attnlib.blockwise": 10,
     "attnlib.blockwise_bounds": 10,
+    "attnlib.induction": 11,
+    "attnlib.induction.explorer": 99,  # the composition map, built on the explorers machinery
     "attnlib.explorers": 99,  # interactive figures of every chapter
     "attnlib": 99,  # the front door imports everything
 }
