@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import MultiHeadAttention, SeparateHeadsAttention
-from attnlib.audit import _BY_NAME, BUGS, PAIRS, AuditReport, diagnose, planted, probe_inputs
+from attnlib.audit import BUGS, BUGS_BY_NAME, PAIRS, AuditReport, diagnose, planted, probe_inputs
 from attnlib.interop import read_separate_linear, read_torch_mha, write_separate_linear
 
 SETTINGS = settings(max_examples=20, deadline=None)
 CONFLICTS = [{"missing_scale", "scale_by_d_model", "double_scale"}, {"mask_ignored", "mask_fill_zero", "mask_after_softmax"}]
 # the bugs of the default call form (self-attention, (n, n) mask, plain reference)
-BASE = [name for name in BUGS if not _BY_NAME[name].needs]
+BASE = [name for name in BUGS if not BUGS_BY_NAME[name].needs]
 # A pair whose outputs equal one of its bugs alone: an ignored mask has no polarity.
 DEGENERATE = {frozenset({"mask_inverted", "mask_ignored"}): ("mask_ignored",)}
 
@@ -205,7 +205,7 @@ def compatible(a: str, b: str) -> bool:
 def test_every_bug_has_a_planted_module() -> None:
     assert set(PLANTED) == set(BASE)
     assert all(isinstance(d, str) and d for d in BUGS.values())
-    for bug in _BY_NAME.values():
+    for bug in BUGS_BY_NAME.values():
         assert bug.look_for and bug.fix and bug.look_for != bug.fix
 
 
@@ -444,17 +444,15 @@ def test_float64_reference_and_rtol() -> None:
 
 
 def test_probe_masks_have_an_allowed_and_a_blocked_key_in_every_row_and_column() -> None:
-    from attnlib.audit import _PROBE_SIZES, _probe_mask
-
-    g = torch.Generator().manual_seed(0)
-    for kind, _, n in _PROBE_SIZES * 20:
-        mask = _probe_mask(kind, n, g)
-        if mask is None:
-            continue
-        for m in (mask, mask.T):
-            assert m.any(dim=-1).all() and (~m).any(dim=-1).all(), (kind, m)
-        if kind == "causal":
-            assert not torch.triu(mask, diagonal=1).any()
+    for seed in range(20):
+        for kind, _, mask in probe_inputs(8, seed=seed):
+            if mask is None:
+                continue
+            rows = mask if kind != "blocked row" else torch.cat((mask[:1], mask[2:]))  # row 1: all blocked
+            for m in (rows, mask.T):
+                assert m.any(dim=-1).all() and (~m).any(dim=-1).all(), (seed, kind, m)
+            if kind == "causal":
+                assert not torch.triu(mask, diagonal=1).any()
 
 
 def test_probe_inputs_are_the_probes_diagnose_uses() -> None:

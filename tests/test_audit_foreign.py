@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import MultiHeadAttention
-from attnlib.audit import _BY_NAME, BUGS, diagnose, planted
+from attnlib.audit import BUGS, BUGS_BY_NAME, diagnose, planted
 from attnlib.interop import read_llama, read_packed_linear, read_separate_linear
 
 SETTINGS = settings(max_examples=12, deadline=None)
@@ -326,7 +326,7 @@ STYLES = ["nanoGPT", "nanoGPT flash", "Raschka", "BERT", "BERT cross", "folded",
 
 
 def test_every_bug_is_planted_in_a_foreign_module_or_the_scratch_one() -> None:
-    assert set(FOREIGN_BUGS) | {b for b in BUGS if not _BY_NAME[b].needs} == set(BUGS)
+    assert set(FOREIGN_BUGS) | {b for b in BUGS if not BUGS_BY_NAME[b].needs} == set(BUGS)
 
 
 @pytest.mark.parametrize("style", STYLES)

@@ -1,5 +1,6 @@
 """attnlib's layout, read from its source with ``ast``: chapter order is import order,
-no module grows past ~450 lines, and no private name is imported from another module."""
+no module grows past ~450 lines, and no private name is imported from another module or
+defined (with another meaning) in two."""
 
 from __future__ import annotations
 
@@ -33,8 +34,6 @@ CHAPTER = {
     "attnlib.explorers": 99,  # interactive figures of every chapter
     "attnlib": 99,  # the front door imports everything
 }
-# Packages whose modules still share private names among themselves (to be made public).
-PRIVATE_SHARED_WITHIN = ("attnlib.audit",)
 
 
 def _modules() -> dict[str, Path]:
@@ -120,8 +119,6 @@ def test_imports_follow_chapter_order(name: str) -> None:
 def test_no_private_name_imported_from_another_module(name: str) -> None:
     for target, names, line, _ in _imports(name):
         private = [n for n in names if n.startswith("_") and not n.startswith("__")]
-        if any(_inside(name, p) and _inside(target, p) for p in PRIVATE_SHARED_WITHIN):
-            continue
         assert not private, (
             f"{name}:{line} imports private {', '.join(private)} from {target}: make it public "
             f"in the lower module, or move it"
@@ -132,3 +129,28 @@ def test_every_chapter_module_is_named() -> None:
     """The table above covers every module (a new one needs its chapter)."""
     for name in MODULES:
         _chapter(name)
+
+
+def _private_top_level(name: str) -> set[str]:
+    """The private names a module defines at its top level (functions, classes, assignments)."""
+    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    found = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign):
+            found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found.add(node.target.id)
+    return {n for n in found if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_private_name_defined_in_two_modules() -> None:
+    """A private name means one thing: two modules defining ``_finish`` (or ``_heads``) read as
+    one helper and are two."""
+    where: dict[str, list[str]] = {}
+    for name in MODULES:
+        for private in _private_top_level(name):
+            where.setdefault(private, []).append(name)
+    twice = {p: mods for p, mods in where.items() if len(mods) > 1}
+    assert not twice, f"private names defined in more than one module (rename one, or share a public one): {twice}"

@@ -17,22 +17,23 @@ for a ``(B, n_k)`` key-padding mask (True = real token); ``cross=True`` for
 and RoPE (``rope_base``). :func:`diagnose_cache` checks incremental decoding with a KV cache.
 
 A bug is one entry of the catalogue: a name, a description, the line to look for, the fix, the
-steps of the computation it changes (fields of :class:`~attnlib.audit.catalogue._Recipe`) and,
-for some, a note on where else the fix may belong (an adapter, the loading code).
+steps of the computation it changes (fields of :class:`Recipe`) and, for some, a note on where
+else the fix may belong (an adapter, the loading code).
 
-The package: :mod:`~attnlib.audit.catalogue` (the bugs), :mod:`~attnlib.audit.engine` (the layer
-built from a recipe; :func:`planted`), :mod:`~attnlib.audit.probes`, :mod:`~attnlib.audit.report`,
+The package: :mod:`~attnlib.audit.catalogue` (the bugs), :mod:`~attnlib.audit.checks` (the
+argument checks and the error measure), :mod:`~attnlib.audit.engine` (the layer built from a
+recipe; :func:`planted`), :mod:`~attnlib.audit.probes`, :mod:`~attnlib.audit.report`,
 :mod:`~attnlib.audit.search` (:func:`diagnose`) and :mod:`~attnlib.audit.cache`.
 """
 
 from attnlib.audit.cache import CACHE_BUGS, Step, diagnose_cache
-from attnlib.audit.catalogue import BUGS, PAIRS, Bug, _BY_NAME, _CATALOGUE, _Recipe
-from attnlib.audit.engine import CONVENTIONS, Forward, _run, _Weights, planted
-from attnlib.audit.probes import LARGE_SCORES, _PROBE_SIZES, _probe_mask, probe_inputs
+from attnlib.audit.catalogue import BUGS, BUGS_BY_NAME, PAIRS, Bug, Recipe
+from attnlib.audit.engine import CONVENTIONS, Forward, planted
+from attnlib.audit.probes import LARGE_SCORES, probe_inputs
 from attnlib.audit.report import AuditReport
 from attnlib.audit.search import diagnose
 
 __all__ = [
-    "BUGS", "PAIRS", "CACHE_BUGS", "CONVENTIONS", "Step", "LARGE_SCORES", "Bug", "AuditReport", "Forward",
-    "diagnose", "diagnose_cache", "planted", "probe_inputs",
+    "BUGS", "BUGS_BY_NAME", "PAIRS", "CACHE_BUGS", "CONVENTIONS", "Step", "LARGE_SCORES", "Bug", "Recipe",
+    "AuditReport", "Forward", "diagnose", "diagnose_cache", "planted", "probe_inputs",
 ]

@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 
 from attnlib.attention import masked_softmax
-from attnlib.audit.catalogue import _BY_NAME, Bug, _tie_reason
-from attnlib.audit.engine import _Weights
-from attnlib.audit.probes import _Probe
-from attnlib.audit.report import _EXTRA_BUGS, AuditReport, _hint
-from attnlib.audit.search import _check_reference, _default_rtol, _module_dtype, _rel_error, _tolerance, _where
+from attnlib.audit.catalogue import BUGS_BY_NAME, Bug, tie_reason
+from attnlib.audit.checks import check_reference, default_rtol, module_dtype, relative_error, where_raised
+from attnlib.audit.engine import ReferenceParams
+from attnlib.audit.probes import Probe
+from attnlib.audit.report import AuditReport, hint_for, register_bugs
+from attnlib.audit.search import tolerance
 from attnlib.decoding import apply_rope
 from attnlib.multihead import MultiHeadAttention
 
@@ -91,10 +92,10 @@ _CACHE_CATALOGUE: tuple[Bug, ...] = (
         "mask = torch.ones(T, L).tril(L - T).bool()   # L = past_len + T",
         {"prefill_causal": False},
     ),
-    dataclasses.replace(_BY_NAME["kv_head_order"], change=MappingProxyType({"kv_expand": "repeat"})),
+    dataclasses.replace(BUGS_BY_NAME["kv_head_order"], change=MappingProxyType({"kv_expand": "repeat"})),
 )
 _CACHE_BY_NAME = {b.name: b for b in _CACHE_CATALOGUE}
-_EXTRA_BUGS.update({n: b for n, b in _CACHE_BY_NAME.items() if n not in _BY_NAME})
+register_bugs(_CACHE_CATALOGUE)
 
 CACHE_BUGS: Mapping[str, str] = MappingProxyType({b.name: b.description for b in _CACHE_CATALOGUE})
 """The cache check's catalogue: bug name -> one-line description (read-only)."""
@@ -108,7 +109,7 @@ def _plant(bugs: tuple[str, ...]) -> _CacheRecipe:
     return dataclasses.replace(_CacheRecipe(), **change)  # type: ignore[arg-type]
 
 
-def _decode(r: _CacheRecipe, p: _Weights, x: Tensor, prefill: int) -> Tensor:
+def _decode(r: _CacheRecipe, p: ReferenceParams, x: Tensor, prefill: int) -> Tensor:
     """Prefill ``x[:, :prefill]`` then one-token steps, the way ``r`` says: ``(B, n, d) -> (B, n, d)``."""
     B, n, d = x.shape
     h, g, d_k = p.num_heads, p.num_kv_heads, p.d_k
@@ -140,7 +141,7 @@ def _decode(r: _CacheRecipe, p: _Weights, x: Tensor, prefill: int) -> Tensor:
     return torch.cat(outs, dim=1)  # (B, n, d)
 
 
-def _linear(x: Tensor, p: _Weights, role: str) -> Tensor:
+def _linear(x: Tensor, p: ReferenceParams, role: str) -> Tensor:
     """``x @ W + b`` for one role of the reference's weights."""
     b = p.b[role]
     return x @ p.w[role] if b is None else x @ p.w[role] + b
@@ -157,7 +158,7 @@ def _run_step(step: Step, x: Tensor, prefill: int) -> Tensor:
             with torch.no_grad():
                 result = step(x[:, s:e].clone(), state)
         except Exception as err:
-            raise ValueError(f"{what} raised {type(err).__name__} {_where(err, step)}: {err}") from err
+            raise ValueError(f"{what} raised {type(err).__name__} {where_raised(err, step)}: {err}") from err
         if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Tensor)):
             raise TypeError(f"{what} must return (out, state) with out a tensor, got {type(result).__name__}")
         out, state = result
@@ -194,13 +195,13 @@ def diagnose_cache(
     """
     if not callable(step):
         raise TypeError(f"step must be a callable step(x_new, state) -> (out, state), got {type(step).__name__}")
-    _check_reference(reference)
+    check_reference(reference)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if rtol is not None and (isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not rtol > 0):
         raise ValueError(f"rtol must be a positive number, got {rtol!r}")
     ref_dtype = reference.w_q.dtype
-    in_dtype = dtype or _module_dtype(step) or ref_dtype
+    in_dtype = dtype or module_dtype(step) or ref_dtype
     g = torch.Generator().manual_seed(seed)
     xs = [torch.randn(B, n, reference.d_model, generator=g, dtype=torch.float64) for B, n, _ in _CACHE_PROBES]
     prefills = [P for _, _, P in _CACHE_PROBES]
@@ -212,15 +213,15 @@ def diagnose_cache(
         if not torch.equal(torch.nan_to_num(_run_step(step, xs[0].to(in_dtype).to(device), prefills[0])),
                            torch.nan_to_num(yours[0])):
             raise ValueError("step gave different outputs for the same input: is dropout on? Call module.eval().")
-        w64 = _Weights.of(reference, torch.float64)
-        probes = [_Probe("steps", x, None, None) for x in xs]
-        rtol = _tolerance(None if rtol is None else float(rtol), ref_dtype, yours[0].dtype, reference, w64, probes)
+        w64 = ReferenceParams.of(reference, torch.float64)
+        probes = [Probe("steps", x, None, None) for x in xs]
+        rtol = tolerance(None if rtol is None else float(rtol), ref_dtype, yours[0].dtype, reference, w64, probes)
         with torch.no_grad():
             for x, right in zip(xs, (_decode(_CacheRecipe(), w64, x, P) for x, P in zip(xs, prefills))):
                 n = x.shape[1]
                 mask = torch.ones(n, n, dtype=torch.bool).tril()
                 expected = reference(*(x.to(ref_dtype).to(device),) * 3, mask=mask.to(device))[0].cpu()
-                if _rel_error(expected, right) > max(rtol, _default_rtol(ref_dtype)):
+                if relative_error(expected, right) > max(rtol, default_rtol(ref_dtype)):
                     raise RuntimeError("attnlib.audit's model of decoding disagrees with reference.forward; "
                                        "is reference a subclass with its own forward?")
 
@@ -228,8 +229,8 @@ def diagnose_cache(
             errs = {"prefill": 0.0, "steps": 0.0}
             for x, P, y in zip(xs, prefills, yours):
                 out = _decode(r, w64, x, P)
-                errs["prefill"] = max(errs["prefill"], _rel_error(y[:, :P], out[:, :P]))
-                errs["steps"] = max(errs["steps"], _rel_error(y[:, P:], out[:, P:]))
+                errs["prefill"] = max(errs["prefill"], relative_error(y[:, :P], out[:, :P]))
+                errs["steps"] = max(errs["steps"], relative_error(y[:, P:], out[:, P:]))
             return errs
 
         errors = errors_of(_CacheRecipe())
@@ -240,7 +241,7 @@ def diagnose_cache(
 
         def fits(names: tuple[str, ...], targets: list[Tensor]) -> bool:
             r = _plant(names)
-            return all(_rel_error(y, _decode(r, w64, x, P)) <= rtol for x, P, y in zip(xs, prefills, targets))
+            return all(relative_error(y, _decode(r, w64, x, P)) <= rtol for x, P, y in zip(xs, prefills, targets))
 
         rights = [_decode(_CacheRecipe(), w64, x, P) for x, P in zip(xs, prefills)]
         undetectable = tuple(b.name for b in active if fits((b.name,), rights))
@@ -257,7 +258,7 @@ def diagnose_cache(
         ok=ok, bugs=names, explanations=explanations, max_error=max(errors.values()),
         errors=MappingProxyType(errors), undetectable=undetectable, rtol=rtol, num_heads=reference.num_heads,
         dtype=str(yours[0].dtype).removeprefix("torch."), reference_dtype=str(ref_dtype).removeprefix("torch."),
-        tie=_tie_reason(frozenset(names), reference.num_heads, reference.d_k) if len(explanations) > 1 else "",
-        hint="" if ok or explanations else _hint(errors, rtol)
+        tie=tie_reason(frozenset(names), reference.num_heads, reference.d_k) if len(explanations) > 1 else "",
+        hint="" if ok or explanations else hint_for(errors, rtol)
         + " If the full pass is wrong too, check it first with diagnose(..., causal=True).",
     )

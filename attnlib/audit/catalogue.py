@@ -1,5 +1,5 @@
 """The catalogue of bugs: each one a name, its typical wrong line, the fix, and the steps of
-the computation it changes (fields of :class:`_Recipe`, whose defaults are right)."""
+the computation it changes (fields of :class:`Recipe`, whose defaults are right)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-__all__ = ["BUGS", "PAIRS", "Bug"]
+__all__ = [
+    "BUGS", "BUGS_BY_NAME", "PAIRS", "Bug", "Mode", "Recipe", "active_bugs", "active_pairs", "can_plant_together",
+    "tie_reason",
+]
 
 Mode = Literal["causal", "padding", "cross", "grouped", "rope"]
 
 
 @dataclass(frozen=True)
-class _Recipe:
+class Recipe:
     """How a forward pass computes each step; the defaults are right."""
 
     # every projection, W^O included: x @ W (right) or x @ W.T
@@ -53,7 +56,7 @@ class _Recipe:
     # multiply the concatenation by W^O (and add b^O)
     output_projection: bool = True
 
-    def effective(self) -> _Recipe:
+    def effective(self) -> Recipe:
         """The same computation, with the fields it never reads set to their defaults."""
         if self.mask_use == "ignored":  # an ignored mask has no polarity
             return dataclasses.replace(self, mask_true="may attend")
@@ -73,18 +76,18 @@ class Bug:
     description: str
     look_for: str  # the wrong line in its typical hand-written form
     fix: str  # the right line
-    change: Mapping[str, object]  # the fields of _Recipe the mistake changes
+    change: Mapping[str, object]  # the fields of Recipe the mistake changes
     note: str = ""  # where else the fix may belong (an adapter, the loading code)
     needs: frozenset[str] = frozenset()
     alternatives: tuple[Mapping[str, object], ...] = ()
 
-    def recipe(self, base: _Recipe | None = None) -> _Recipe:
-        return dataclasses.replace(base or _Recipe(), **self.change)  # type: ignore[arg-type]
+    def recipe(self, base: Recipe | None = None) -> Recipe:
+        return dataclasses.replace(base or Recipe(), **self.change)  # type: ignore[arg-type]
 
-    def recipes(self, base: _Recipe | None = None) -> tuple[_Recipe, ...]:
+    def recipes(self, base: Recipe | None = None) -> tuple[Recipe, ...]:
         """The recipe, and one per alternative way of making the same mistake."""
         return tuple(
-            dataclasses.replace(base or _Recipe(), **c)  # type: ignore[arg-type]
+            dataclasses.replace(base or Recipe(), **c)  # type: ignore[arg-type]
             for c in (self.change, *self.alternatives)
         )
 
@@ -278,13 +281,14 @@ _CATALOGUE: tuple[Bug, ...] = (
     ),
 )
 
-_BY_NAME: Mapping[str, Bug] = MappingProxyType({b.name: b for b in _CATALOGUE})
+BUGS_BY_NAME: Mapping[str, Bug] = MappingProxyType({b.name: b for b in _CATALOGUE})
+"""The catalogue: bug name -> its :class:`Bug` record (read-only)."""
 
 BUGS: Mapping[str, str] = MappingProxyType({b.name: b.description for b in _CATALOGUE})
 """The catalogue: bug name -> one-line description (read-only)."""
 
 
-def _compatible(a: Bug, b: Bug) -> bool:
+def can_plant_together(a: Bug, b: Bug) -> bool:
     """Two bugs can be planted together when they change different steps."""
     return not set(a.change) & set(b.change)
 
@@ -294,20 +298,20 @@ _SINGLES = {b.recipe().effective() for b in _CATALOGUE}
 _ALL_PAIRS: tuple[tuple[Bug, Bug], ...] = tuple(
     (a, b)
     for a, b in itertools.combinations(_CATALOGUE, 2)
-    if _compatible(a, b) and b.recipe(a.recipe()).effective() not in _SINGLES
+    if can_plant_together(a, b) and b.recipe(a.recipe()).effective() not in _SINGLES
 )
 
 
-def _active(modes: frozenset[str]) -> tuple[Bug, ...]:
+def active_bugs(modes: frozenset[str]) -> tuple[Bug, ...]:
     """The bugs that can occur in a call form with these features."""
     return tuple(b for b in _CATALOGUE if b.needs <= modes)
 
 
-def _active_pairs(modes: frozenset[str]) -> tuple[tuple[Bug, Bug], ...]:
+def active_pairs(modes: frozenset[str]) -> tuple[tuple[Bug, Bug], ...]:
     return tuple((a, b) for a, b in _ALL_PAIRS if a.needs <= modes and b.needs <= modes)
 
 
-PAIRS: tuple[tuple[str, str], ...] = tuple((a.name, b.name) for a, b in _active_pairs(frozenset()))
+PAIRS: tuple[tuple[str, str], ...] = tuple((a.name, b.name) for a, b in active_pairs(frozenset()))
 """The pairs of bugs :func:`diagnose` tries in its default call form (self-attention, a plain
 reference): every two that change different steps, except a pair that computes what one bug
 computes alone (``mask_inverted`` with ``mask_ignored``: an ignored mask has no polarity). The
@@ -325,7 +329,7 @@ _TIES: tuple[tuple[frozenset[str], Callable[[int, int], bool], str], ...] = (
 no tie: the report lists it as undetectable.)"""
 
 
-def _tie_reason(names: frozenset[str], h: int, d_k: int) -> str:
+def tie_reason(names: frozenset[str], h: int, d_k: int) -> str:
     """Why the explanations ``names`` give the same outputs here, and what would separate them."""
     for pair, condition, reason in _TIES:
         if pair <= names and condition(h, d_k):

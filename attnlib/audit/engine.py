@@ -1,4 +1,4 @@
-r"""The layer computed the way a :class:`~attnlib.audit.catalogue._Recipe` says, from a
+r"""The layer computed the way a :class:`~attnlib.audit.catalogue.Recipe` says, from a
 reference's weights and attnlib's own pieces (:func:`~attnlib.masked_softmax`,
 :func:`~attnlib.decoding.apply_rope`); and :func:`planted`, that layer as a ``forward``.
 
@@ -19,9 +19,12 @@ import torch
 from torch import Tensor
 
 from attnlib.attention import masked_softmax
-from attnlib.audit.catalogue import _BY_NAME, BUGS, _compatible, _Recipe
+from attnlib.audit.catalogue import BUGS, BUGS_BY_NAME, Recipe, can_plant_together
+from attnlib.audit.checks import check_flags, check_reference
 from attnlib.decoding import apply_rope, rope_angles, rotate_half
 from attnlib.multihead import MultiHeadAttention
+
+__all__ = ["CONVENTIONS", "Forward", "ReferenceParams", "modes_of", "planted", "run_recipe"]
 
 Forward = Callable[..., Tensor]
 """A learner's layer: ``forward(x, mask) -> out`` (``forward(x, context, mask)`` for
@@ -37,7 +40,7 @@ CONVENTIONS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class _Weights:
+class ReferenceParams:
     """The reference's parameters (detached), paper orientation; biases may be None.
 
     ``w["q"]: (d_model, h*d_k)``, ``w["k"], w["v"]: (d_model, g*d_k)``, ``w["o"]: (h*d_k, d_model)``.
@@ -50,7 +53,7 @@ class _Weights:
     rope_base: float | None
 
     @classmethod
-    def of(cls, ref: MultiHeadAttention, dtype: torch.dtype) -> _Weights:
+    def of(cls, ref: MultiHeadAttention, dtype: torch.dtype) -> ReferenceParams:
         w = {r: getattr(ref, f"w_{r}").detach().to(dtype) for r in "qkvo"}
         b = {r: _opt(getattr(ref, f"b_{r}"), dtype) for r in "qkvo"}
         return cls(w, b, ref.num_heads, ref.num_kv_heads, ref.rope_base)
@@ -64,13 +67,13 @@ def _opt(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     return None if t is None else t.detach().to(dtype)
 
 
-def _project(x: Tensor, w: Tensor, b: Tensor | None, recipe: _Recipe) -> Tensor:
+def _project(x: Tensor, w: Tensor, b: Tensor | None, recipe: Recipe) -> Tensor:
     """``x @ W + b`` (or the buggy ``x @ W.T + b``): ``(B, n, d_in) -> (B, n, d_out)``."""
     y = x @ (w if recipe.projection == "x @ W" else w.T)  # (B, n, d_out)
     return y if b is None else y + b
 
 
-def _split(t: Tensor, heads: int, recipe: _Recipe) -> Tensor:
+def _split(t: Tensor, heads: int, recipe: Recipe) -> Tensor:
     """``(B, n, heads*d_k) -> (B, heads, n, d_k)``."""
     B, n, d = t.shape
     if recipe.split == "view":
@@ -78,7 +81,7 @@ def _split(t: Tensor, heads: int, recipe: _Recipe) -> Tensor:
     return t.view(B, n, heads, d // heads).transpose(1, 2)  # (B, heads, n, d_k)
 
 
-def _rope(t: Tensor, positions: Tensor, base: float, recipe: _Recipe) -> Tensor:
+def _rope(t: Tensor, positions: Tensor, base: float, recipe: Recipe) -> Tensor:
     """RoPE of ``t: (B, heads, n, d_k)`` at ``positions: (n,)`` in the recipe's layout."""
     if recipe.rope == "rotate-half":
         return apply_rope(t, positions, base)  # (B, heads, n, d_k)
@@ -91,14 +94,14 @@ def _rope(t: Tensor, positions: Tensor, base: float, recipe: _Recipe) -> Tensor:
     return t * cos + rotate_half(t) * sin  # (B, heads, n, d_k)
 
 
-def _causal(n_q: int, n_k: int, recipe: _Recipe, device: torch.device) -> Tensor:
+def _causal(n_q: int, n_k: int, recipe: Recipe, device: torch.device) -> Tensor:
     """The module's own causal mask, bool ``(n_q, n_k)``, True = may attend."""
     i = torch.arange(n_q, device=device)[:, None]  # (n_q, 1)
     j = torch.arange(n_k, device=device)[None, :]  # (1, n_k)
     return {"j <= i": j <= i, "j < i": j < i, "j <= i + 1": j <= i + 1, "j >= i": j >= i}[recipe.causal]
 
 
-def _padding(pad: Tensor, h: int, n_q: int, recipe: _Recipe) -> Tensor:
+def _padding(pad: Tensor, h: int, n_q: int, recipe: Recipe) -> Tensor:
     """A key-padding mask ``(B, n_k)`` (True = real) as the module broadcasts it: 4-D."""
     B = pad.shape[0]
     if recipe.padding == "keys":
@@ -114,7 +117,7 @@ def _padding(pad: Tensor, h: int, n_q: int, recipe: _Recipe) -> Tensor:
 
 
 def _mask(
-    r: _Recipe, p: _Weights, n_q: int, n_k: int, mask: Tensor | None, causal: bool, padding: bool,
+    r: Recipe, p: ReferenceParams, n_q: int, n_k: int, mask: Tensor | None, causal: bool, padding: bool,
     device: torch.device,
 ) -> Tensor | None:
     """The mask the module attends with, broadcastable to ``(B, h, n_q, n_k)``, or None.
@@ -132,7 +135,7 @@ def _mask(
     return given & own
 
 
-def _weights(scores: Tensor, mask: Tensor | None, r: _Recipe) -> dict[str, Tensor]:
+def _weights(scores: Tensor, mask: Tensor | None, r: Recipe) -> dict[str, Tensor]:
     """Attention weights ``(B, h, n_q, n_k)`` per convention for blocked lines (one entry,
     ``"any"``, when no line of the softmax is entirely blocked)."""
     dim = r.softmax_dim
@@ -156,8 +159,8 @@ def _weights(scores: Tensor, mask: Tensor | None, r: _Recipe) -> dict[str, Tenso
     }
 
 
-def _run(
-    r: _Recipe, p: _Weights, x: Tensor, context: Tensor, mask: Tensor | None,
+def run_recipe(
+    r: Recipe, p: ReferenceParams, x: Tensor, context: Tensor, mask: Tensor | None,
     *, causal: bool = False, padding: bool = False,
 ) -> dict[str, Tensor]:
     """The layer computed the way ``r`` says, per blocked-line convention (see :func:`_weights`).
@@ -187,7 +190,7 @@ def _run(
     return {c: _finish(w @ v, p, r) for c, w in _weights(scores, m, r).items()}  # (B, n_q, d_model)
 
 
-def _finish(heads: Tensor, p: _Weights, recipe: _Recipe) -> Tensor:
+def _finish(heads: Tensor, p: ReferenceParams, recipe: Recipe) -> Tensor:
     """Merge the heads ``(B, h, n, d_k) -> (B, n, d)`` and apply ``W^O`` (or not)."""
     B, h, n, d_k = heads.shape
     if recipe.merge == "reshape":
@@ -199,27 +202,27 @@ def _finish(heads: Tensor, p: _Weights, recipe: _Recipe) -> Tensor:
     return _project(concat, p.w["o"], p.b["o"], recipe)  # (B, n, d_model)
 
 
-def _modes(reference: MultiHeadAttention, causal: bool, padding: bool, cross: bool) -> frozenset[str]:
+def modes_of(reference: MultiHeadAttention, causal: bool, padding: bool, cross: bool) -> frozenset[str]:
     """The features of a call form and a reference that some bugs need."""
     flags = {"causal": causal, "padding": padding, "cross": cross,
              "grouped": reference.num_kv_heads < reference.num_heads, "rope": reference.rope_base is not None}
     return frozenset(name for name, on in flags.items() if on)
 
 
-def _recipe_of(bugs: tuple[str, ...], modes: frozenset[str]) -> _Recipe:
+def _recipe_of(bugs: tuple[str, ...], modes: frozenset[str]) -> Recipe:
     """The recipe with ``bugs`` planted; unknown, clashing or out-of-place bugs refused."""
-    recipe = _Recipe()
+    recipe = Recipe()
     for i, name in enumerate(bugs):
-        if name not in _BY_NAME:
+        if name not in BUGS_BY_NAME:
             raise ValueError(f"unknown bug {name!r}; the catalogue has: {', '.join(BUGS)}")
-        bug = _BY_NAME[name]
+        bug = BUGS_BY_NAME[name]
         if not bug.needs <= modes:
             raise ValueError(
                 f"bug {name!r} needs {', '.join(sorted(bug.needs - modes))} "
                 f"(pass causal=/padding=/cross=True, or a reference with num_kv_heads/rope_base)"
             )
         for other in bugs[:i]:
-            if not _compatible(_BY_NAME[other], bug):
+            if not can_plant_together(BUGS_BY_NAME[other], bug):
                 raise ValueError(f"bugs {other!r} and {name!r} change the same step; plant one of them")
         recipe = bug.recipe(recipe)
     return recipe
@@ -241,16 +244,15 @@ def planted(
     needs a call form (``causal_*``: ``causal=True``) or a reference feature
     (``kv_head_order``: ``num_kv_heads``) refuses to be planted without it.
     """
-    from attnlib.audit.search import _check_reference, _check_flags
-
-    _check_reference(reference)
-    _check_flags(causal, padding, cross)
+    check_reference(reference)
+    check_flags(causal, padding, cross)
     if blocked not in CONVENTIONS:
         raise ValueError(f"blocked must be one of {', '.join(CONVENTIONS)}, got {blocked!r}")
-    recipe = _recipe_of(bugs, _modes(reference, causal, padding, cross))
+    recipe = _recipe_of(bugs, modes_of(reference, causal, padding, cross))
 
     def run(x: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
-        outs = _run(recipe, _Weights.of(reference, x.dtype), x, context, mask, causal=causal, padding=padding)
+        params = ReferenceParams.of(reference, x.dtype)
+        outs = run_recipe(recipe, params, x, context, mask, causal=causal, padding=padding)
         return outs["any"] if "any" in outs else outs[blocked]
 
     if cross:

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["probe_inputs"]
+__all__ = ["LARGE_SCORES", "Probe", "make_probes", "probe_inputs"]
 
 
 @dataclass(frozen=True)
-class _Probe:
+class Probe:
+    """One probe input of a call form, float64 on the CPU."""
+
     kind: str  # "no mask" | "causal" | "random mask" | "blocked row" | "large scores" | ...
     x: Tensor  # (B, n_q, d_model), float64
     context: Tensor | None  # (B, n_k, d_model) for cross-attention, None for self-attention
@@ -97,10 +99,10 @@ def _plan(causal: bool, padding: bool, cross: bool) -> tuple[tuple[str, int, int
     return tuple((kind, B, n, n) for kind, B, n in _PROBE_SIZES) + _EXTRA
 
 
-def _probes(
+def make_probes(
     d_model: int, seed: int, *, causal: bool = False, padding: bool = False, cross: bool = False,
     large: float = 1.0,
-) -> list[_Probe]:
+) -> list[Probe]:
     """The probes of a call form, float64 on the CPU; ``large`` multiplies the inputs of the
     ``"large scores"`` probe."""
     g = torch.Generator().manual_seed(seed)
@@ -124,7 +126,7 @@ def _probes(
         if kind == "large scores":
             x = x * large
             context = None if context is None else context * large
-        out.append(_Probe(kind, x, context, mask))
+        out.append(Probe(kind, x, context, mask))
     return out
 
 
@@ -140,7 +142,7 @@ def probe_inputs(
     if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
         raise ValueError(f"d_model must be a positive int, got {d_model!r}")
     out: list[tuple[str, Tensor, Tensor | None]] = []
-    for p in _probes(d_model, seed, causal=causal, padding=padding, cross=cross):
+    for p in make_probes(d_model, seed, causal=causal, padding=padding, cross=cross):
         x = p.x.to(dtype)
         both = (x, p.keys.to(dtype)) if cross else x
         out.append((p.kind, both, p.mask))  # type: ignore[arg-type]

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from attnlib.audit.catalogue import _BY_NAME, Bug
+from attnlib.audit.catalogue import BUGS_BY_NAME, Bug
 
-__all__ = ["AuditReport"]
+__all__ = ["AuditReport", "hint_for", "register_bugs"]
 
-# the cache check's own bugs register here (attnlib.audit.cache), so that one report reads both
-_EXTRA_BUGS: dict[str, Bug] = {}
+_EXTRA_BUGS: dict[str, Bug] = {}  # filled by register_bugs
+
+
+def register_bugs(bugs: Iterable[Bug]) -> None:
+    """Let a report name ``bugs`` as it names those of the catalogue: the cache check
+    (:mod:`attnlib.audit.cache`) registers its own, so that one report reads both."""
+    _EXTRA_BUGS.update({b.name: b for b in bugs if b.name not in BUGS_BY_NAME})
 
 
 def _bug(name: str) -> Bug:
-    return _BY_NAME[name] if name in _BY_NAME else _EXTRA_BUGS[name]
+    return BUGS_BY_NAME[name] if name in BUGS_BY_NAME else _EXTRA_BUGS[name]
 
 
 @dataclass(frozen=True)
@@ -116,7 +121,7 @@ def _fmt(e: float) -> str:
     return "inf" if math.isinf(e) else f"{e:.2g}"
 
 
-def _hint(errors: Mapping[str, float], rtol: float) -> str:
+def hint_for(errors: Mapping[str, float], rtol: float) -> str:
     """What to look at when no bug of the catalogue explains the numbers."""
     wrong = {k for k, e in errors.items() if e > rtol}
     if wrong == {"large scores"}:

@@ -6,22 +6,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from types import MappingProxyType
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnlib._core import rounding_tolerance
-from attnlib.audit.catalogue import _active, _active_pairs, _Recipe, _tie_reason
-from attnlib.audit.engine import CONVENTIONS, Forward, _modes, _run, _Weights
-from attnlib.audit.probes import LARGE_SCORES, _Probe, _probes
-from attnlib.audit.report import AuditReport, _hint
+from attnlib.audit.catalogue import Recipe, active_bugs, active_pairs, tie_reason
+from attnlib.audit.checks import (
+    check_flags, check_reference, default_rtol, module_dtype, relative_error, where_raised,
+)
+from attnlib.audit.engine import CONVENTIONS, Forward, ReferenceParams, modes_of, run_recipe
+from attnlib.audit.probes import LARGE_SCORES, Probe, make_probes
+from attnlib.audit.report import AuditReport, hint_for
 from attnlib.multihead import MultiHeadAttention
 
-__all__ = ["diagnose"]
-
-_TORCH_DIR = str(Path(torch.__file__).parent)
+__all__ = ["diagnose", "tolerance"]
 
 
 class _Raised:
@@ -34,65 +34,7 @@ class _Raised:
 Output = Tensor | _Raised
 
 
-def _check_reference(reference: object) -> None:
-    if not isinstance(reference, MultiHeadAttention):
-        raise TypeError(
-            f"reference must be an attnlib.MultiHeadAttention holding your weights, got {type(reference).__name__}"
-        )
-
-
-def _check_flags(causal: object, padding: object, cross: object) -> None:
-    for name, value in (("causal", causal), ("padding", padding), ("cross", cross)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    if causal and cross:
-        raise ValueError(
-            "causal=True and cross=True together: cross-attention reads a context with no "
-            "positions in common with the queries, so there is no future to mask; pass one of them"
-        )
-
-
-def _default_rtol(dtype: torch.dtype) -> float:
-    """sqrt(machine epsilon): 3.5e-4 for float32, 1.5e-8 for float64, 0.03 for float16."""
-    return math.sqrt(torch.finfo(dtype).eps)
-
-
-def _rel_error(y: Tensor, r: Tensor) -> float:
-    """``max |y - r| / max |r|`` over the finite ``r``; where both are NaN they agree, where
-    only one is NaN or inf the error is ``inf``."""
-    y64, r64 = y.to(torch.float64), r.to(torch.float64)
-    diff = (y64 - r64).abs()  # (B, n, d)
-    worst = diff.max()
-    if torch.isfinite(worst):  # the common case: no NaN, no inf
-        return float(worst / r64.abs().max().clamp_min(torch.finfo(torch.float64).tiny))
-    both_nan = torch.isnan(y64) & torch.isnan(r64)
-    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
-    diff = diff.masked_fill(both_nan, 0.0)
-    scale = torch.nan_to_num(r64, nan=0.0).abs().max().clamp_min(torch.finfo(torch.float64).tiny)
-    return float(diff.max() / scale)
-
-
-def _where(err: BaseException, forward: object) -> str:
-    """Where in the reader's code ``err`` was raised: their module, or their adapter."""
-    tb = err.__traceback__
-    module_frame, last_own = None, None
-    while tb is not None:
-        frame = tb.tb_frame
-        if not frame.f_code.co_filename.startswith(_TORCH_DIR):
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, nn.Module) and not isinstance(owner, MultiHeadAttention):
-                module_frame = (type(owner).__name__, frame.f_code.co_name, tb.tb_lineno)
-            last_own = (frame.f_code.co_name, tb.tb_lineno)
-        tb = tb.tb_next
-    if module_frame is not None:
-        cls, fn, line = module_frame
-        return f"inside your module, in {cls}.{fn} (line {line})"
-    if last_own is not None and not isinstance(forward, nn.Module):
-        return f"in your adapter, {last_own[0]} (line {last_own[1]}), outside your module"
-    return "in your forward"
-
-
-def _describe(p: _Probe, cross: bool, padding: bool) -> str:
+def _describe(p: Probe, cross: bool, padding: bool) -> str:
     x = f"x of shape {tuple(p.x.shape)}"
     if cross:
         x += f", context of shape {tuple(p.keys.shape)}"
@@ -103,7 +45,7 @@ def _describe(p: _Probe, cross: bool, padding: bool) -> str:
 
 
 def _call(
-    forward: Forward, p: _Probe, dtype: torch.dtype, device: torch.device, cross: bool, padding: bool, d_model: int,
+    forward: Forward, p: Probe, dtype: torch.dtype, device: torch.device, cross: bool, padding: bool, d_model: int,
 ) -> Output:
     x = p.x.to(dtype=dtype, device=device)
     args: tuple[object, ...] = (x,) if not cross else (x, p.keys.to(dtype=dtype, device=device))
@@ -118,7 +60,7 @@ def _call(
             return _Raised(err)  # part of the diagnosis: keys or values made from x
         form = "(B, n_k) key-padding mask, True = real token" if padding else "(n, n) mask, True = may attend"
         raise ValueError(
-            f"{where} raised {type(err).__name__} {_where(err, forward)}: {err}. Does reference have your "
+            f"{where} raised {type(err).__name__} {where_raised(err, forward)}: {err}. Does reference have your "
             f"module's width, does your forward accept mask=None and a bool {form}, and does it take "
             f"{dtype} inputs (else pass dtype=)?"
         ) from err
@@ -131,7 +73,7 @@ def _call(
     return out.detach().cpu()
 
 
-def _reference_mask(p: _Probe, causal: bool, padding: bool) -> Tensor | None:
+def _reference_mask(p: Probe, causal: bool, padding: bool) -> Tensor | None:
     """The mask the reference attends with, broadcastable to ``(B, h, n_q, n_k)``."""
     n_q, n_k = p.x.shape[1], p.keys.shape[1]
     mask = p.mask
@@ -143,16 +85,7 @@ def _reference_mask(p: _Probe, causal: bool, padding: bool) -> Tensor | None:
     return mask
 
 
-def _module_dtype(forward: object) -> torch.dtype | None:
-    owner = forward if isinstance(forward, nn.Module) else getattr(forward, "__self__", None)
-    if isinstance(owner, nn.Module):
-        for param in owner.parameters():
-            if param.is_floating_point():
-                return param.dtype
-    return None
-
-
-def _large_scale(w: _Weights, d_model: int) -> float:
+def _large_scale(w: ReferenceParams, d_model: int) -> float:
     """The input scale at which the reference's scores spread over about :data:`LARGE_SCORES`."""
     x = torch.randn(8, d_model, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     q, k = x @ w.w["q"][:, : w.d_k], x @ w.w["k"][:, : w.d_k]  # head 0, no bias: (8, d_k)
@@ -172,9 +105,9 @@ def _refuse_half(what: str, dtype: torch.dtype) -> None:
         )
 
 
-def _tolerance(
+def tolerance(
     rtol: float | None, ref_dtype: torch.dtype, out_dtype: torch.dtype, reference: MultiHeadAttention,
-    w64: _Weights, probes: list[_Probe],
+    w64: ReferenceParams, probes: list[Probe],
 ) -> float:
     """``rtol``, or sqrt(eps) of the reference's dtype; at least the rounding of the coarser dtype
     along the layer (``d_model, d_k, n_k, d_model``), and of RoPE angles taken in float32 (``n_k``
@@ -195,7 +128,7 @@ def _tolerance(
             for p in probes if p.kind != "large scores"
         )
         tol *= max(1.0, top)
-    return max(_default_rtol(ref_dtype), tol)
+    return max(default_rtol(ref_dtype), tol)
 
 
 def diagnose(
@@ -229,7 +162,7 @@ def diagnose(
         seed: seeds the probe inputs and the random masks.
         rtol: tolerance on the relative error; default ``sqrt(eps)`` of the reference's dtype,
             raised to the rounding of the coarser dtype when your outputs have another dtype,
-            and of float32 RoPE angles when the reference has RoPE (see :func:`_tolerance`).
+            and of float32 RoPE angles when the reference has RoPE (see :func:`tolerance`).
         pairs: also try every pair of bugs when no single bug explains the outputs.
         dtype: the dtype of the inputs given to ``forward``; default that of your module's
             parameters (when ``forward`` is a module or its method), else the reference's.
@@ -251,8 +184,8 @@ def diagnose(
     """
     if not callable(forward):
         raise TypeError(f"forward must be a callable forward(x, mask) -> Tensor, got {type(forward).__name__}")
-    _check_reference(reference)
-    _check_flags(causal, padding, cross)
+    check_reference(reference)
+    check_flags(causal, padding, cross)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if not isinstance(pairs, bool):
@@ -273,21 +206,22 @@ def diagnose(
 class _Matcher:
     """Does a recipe reproduce target outputs on every probe, for some blocked-line convention?"""
 
-    def __init__(self, w64: _Weights, probes: list[_Probe], causal: bool, padding: bool, rtol: float) -> None:
+    def __init__(self, w64: ReferenceParams, probes: list[Probe], causal: bool, padding: bool, rtol: float) -> None:
         self.w64, self.probes, self.causal, self.padding, self.rtol = w64, probes, causal, padding, rtol
-        self.cache: dict[tuple[_Recipe, int], dict[str, Tensor] | _Raised] = {}
+        self.cache: dict[tuple[Recipe, int], dict[str, Tensor] | _Raised] = {}
 
-    def outputs(self, r: _Recipe, i: int) -> dict[str, Tensor] | _Raised:
+    def outputs(self, r: Recipe, i: int) -> dict[str, Tensor] | _Raised:
         key = (r, i)
         if key not in self.cache:
             p = self.probes[i]
             try:
-                self.cache[key] = _run(r, self.w64, p.x, p.keys, p.mask, causal=self.causal, padding=self.padding)
+                self.cache[key] = run_recipe(r, self.w64, p.x, p.keys, p.mask,
+                                             causal=self.causal, padding=self.padding)
             except (RuntimeError, ValueError, IndexError) as err:  # the buggy code cannot run here
                 self.cache[key] = _Raised(err)
         return self.cache[key]
 
-    def convention(self, r: _Recipe, targets: Sequence[Output]) -> str | None:
+    def convention(self, r: Recipe, targets: Sequence[Output]) -> str | None:
         """The first convention under which ``r`` matches every target, or None."""
         alive = list(CONVENTIONS)
         for i, target in enumerate(targets):  # stop at the first probe that differs
@@ -297,21 +231,21 @@ class _Matcher:
                     return None
                 continue
             if "any" in outs:  # no blocked line: one output for every convention
-                alive = alive if _rel_error(target, outs["any"]) <= self.rtol else []
+                alive = alive if relative_error(target, outs["any"]) <= self.rtol else []
             else:
-                alive = [c for c in alive if _rel_error(target, outs[c]) <= self.rtol]
+                alive = [c for c in alive if relative_error(target, outs[c]) <= self.rtol]
             if not alive:
                 return None
         return alive[0]
 
-    def errors(self, r: _Recipe, targets: Sequence[Output], convention: str) -> list[float]:
+    def errors(self, r: Recipe, targets: Sequence[Output], convention: str) -> list[float]:
         out = []
         for i, target in enumerate(targets):
             outs = self.outputs(r, i)
             if isinstance(target, _Raised) or isinstance(outs, _Raised):
                 out.append(0.0 if isinstance(target, _Raised) and isinstance(outs, _Raised) else math.inf)
             else:
-                out.append(_rel_error(target, outs.get(convention, outs.get("any"))))  # type: ignore[arg-type]
+                out.append(relative_error(target, outs.get(convention, outs.get("any"))))  # type: ignore[arg-type]
         return out
 
 
@@ -323,7 +257,7 @@ def _zeros(outs: dict[str, Tensor] | _Raised) -> Tensor:
 
 def _blocked_lines(m: _Matcher) -> bool:
     """Has the right layer a query with no allowed key on some probe?"""
-    return any(isinstance(o, dict) and "any" not in o for o in (m.outputs(_Recipe(), i) for i in range(len(m.probes))))
+    return any(isinstance(o, dict) and "any" not in o for o in (m.outputs(Recipe(), i) for i in range(len(m.probes))))
 
 
 def _search(
@@ -333,9 +267,9 @@ def _search(
     """:func:`diagnose` after its argument checks."""
     ref_dtype, device = reference.w_q.dtype, reference.w_q.device
     d_model = reference.d_model
-    w64 = _Weights.of(reference, torch.float64)
-    probes = _probes(d_model, seed, causal=causal, padding=padding, cross=cross, large=_large_scale(w64, d_model))
-    in_dtype = dtype or _module_dtype(forward) or ref_dtype
+    w64 = ReferenceParams.of(reference, torch.float64)
+    probes = make_probes(d_model, seed, causal=causal, padding=padding, cross=cross, large=_large_scale(w64, d_model))
+    in_dtype = dtype or module_dtype(forward) or ref_dtype
     _refuse_half("your module", in_dtype)
     _refuse_half("the reference", ref_dtype)
 
@@ -362,50 +296,50 @@ def _search(
                 "reference's side (the attnlib.MultiHeadAttention you built), not in your module: check its "
                 "d_model, num_heads, num_kv_heads and rope_base against your module's"
             ) from err
-    rtol = _tolerance(rtol, ref_dtype, out_dtype, reference, w64, probes)
+    rtol = tolerance(rtol, ref_dtype, out_dtype, reference, w64, probes)
 
     # 2. the right layer in float64, checked against the reference's own forward
     m = _Matcher(w64, probes, causal, padding, rtol)
-    right = [_zeros(m.outputs(_Recipe(), i)) for i in range(len(probes))]
+    right = [_zeros(m.outputs(Recipe(), i)) for i in range(len(probes))]
     for p, a, e in zip(probes, right, expected):
-        if _rel_error(e, a) > max(rtol, _default_rtol(ref_dtype)):
+        if relative_error(e, a) > max(rtol, default_rtol(ref_dtype)):
             raise RuntimeError(
                 f"attnlib.audit's model of the layer disagrees with reference.forward on a {p.kind} probe; "
                 "is reference a subclass with its own forward?"
             )
-    convention = m.convention(_Recipe(), yours)
+    convention = m.convention(Recipe(), yours)
     ok = convention is not None
     if convention is None:  # the errors under the convention that fits the most probes
         def misfit(c: str) -> tuple[int, float]:
-            errs = m.errors(_Recipe(), yours, c)
+            errs = m.errors(Recipe(), yours, c)
             return sum(e > rtol for e in errs), max(errs)
 
         convention = min(CONVENTIONS, key=misfit)
     errors: dict[str, float] = {}
-    for p, e in zip(probes, m.errors(_Recipe(), yours, convention)):
+    for p, e in zip(probes, m.errors(Recipe(), yours, convention)):
         errors[p.kind] = max(errors.get(p.kind, 0.0), e)
     max_error = max(errors.values())
     raised = {p.kind: y.text for p, y in zip(probes, yours) if isinstance(y, _Raised)}
 
     # 3. the candidates, computed in float64 from the reference's weights
-    modes = _modes(reference, causal, padding, cross)
+    modes = modes_of(reference, causal, padding, cross)
     undetectable = tuple(
-        b.name for b in _active(modes) if any(m.convention(rc, right) for rc in b.recipes())
+        b.name for b in active_bugs(modes) if any(m.convention(rc, right) for rc in b.recipes())
     )
     explanations: tuple[tuple[str, ...], ...] = ()
     if not ok:
         explanations = tuple(
-            (b.name,) for b in _active(modes) if any(m.convention(rc, yours) for rc in b.recipes())
+            (b.name,) for b in active_bugs(modes) if any(m.convention(rc, yours) for rc in b.recipes())
         )
         if not explanations and pairs:
             explanations = tuple(
-                (a.name, b.name) for a, b in _active_pairs(modes)
+                (a.name, b.name) for a, b in active_pairs(modes)
                 if any(m.convention(rb, yours) for ra in a.recipes() for rb in b.recipes(ra))
             )
     names = tuple(dict.fromkeys(itertools.chain.from_iterable(explanations)))
     tie = ""
     if len(explanations) > 1:
-        tie = _tie_reason(frozenset(names), reference.num_heads, reference.d_k)
+        tie = tie_reason(frozenset(names), reference.num_heads, reference.d_k)
     return AuditReport(
         ok=ok,
         bugs=names,
@@ -420,6 +354,6 @@ def _search(
         reference_dtype=str(ref_dtype).removeprefix("torch."),
         tie=tie,
         raised=MappingProxyType(raised),
-        hint="" if ok or explanations else _hint(errors, rtol),
+        hint="" if ok or explanations else hint_for(errors, rtol),
     )
 
