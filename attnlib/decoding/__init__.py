@@ -27,6 +27,14 @@ from attnlib.attention import causal_mask
 from attnlib.decoding.cache import KVCache, LatentCache, kv_cache_bytes_per_token, latent_cache_bytes_per_token
 from attnlib.decoding.grouped import DecoderAttention, GroupedAttentionWeights
 from attnlib.decoding.latent import LatentAttention
+from attnlib.decoding.positions import (
+    AlibiAttention,
+    ScoreTerms,
+    alibi_bias,
+    alibi_slopes,
+    score_terms,
+    sinusoidal_positions,
+)
 from attnlib.decoding.rope import apply_rope, rope_angles, rope_inv_freq, rope_rotation, rotate_half
 
 __all__ = [
@@ -43,4 +51,10 @@ __all__ = [
     "latent_cache_bytes_per_token",
     "GroupedAttentionWeights",
     "DecoderAttention",
+    "sinusoidal_positions",
+    "ScoreTerms",
+    "score_terms",
+    "alibi_slopes",
+    "alibi_bias",
+    "AlibiAttention",
 ]

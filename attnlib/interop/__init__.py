@@ -21,6 +21,9 @@ GPT-2 ``Conv1D`` (in, out)              ``c_attn.weight`` = ``[W^Q | W^K | W^V]`
 Hugging Face Llama (chapter 8)          ``q_proj.weight`` = ``(W^Q)ᵀ``: ``(h d_k, d)``,
                                         ``k_proj/v_proj.weight`` = ``(W^K)ᵀ, (W^V)ᵀ``: ``(g d_k, d)``
                                         (``g`` key/value heads), ``o_proj.weight`` = ``(W^O)ᵀ``: ``(d, h d_k)``
+Hugging Face BLOOM (chapter 8)          ``query_key_value.weight``: ``(3d, d)``, grouped by head:
+                                        head ``i``'s ``(W_i^Q)ᵀ, (W_i^K)ᵀ, (W_i^V)ᵀ`` in turn
+                                        (``view(h, 3, d_k, d)``), ``dense.weight`` = ``(W^O)ᵀ``
 =====================================  =======================================
 
 Readers (``read_*``) return an :class:`AttentionWeights` of copies (``read_llama``: a
@@ -37,15 +40,17 @@ its layers ``create_bidirectional_mask``'s ``(B, 1, n_q, n_k)`` mask (additive, 
 ``mask_from_padding``, ``hf_extended_mask``, ``to_torch_mha_masks``,
 ``from_torch_mha_masks`` and ``fully_masked_rows`` convert between these.
 
-The code lives in three modules: :mod:`attnlib.interop.layouts` (the weight layouts of
-chapter 5), :mod:`attnlib.interop.masks` (the mask conventions) and
-:mod:`attnlib.interop.llama` (Hugging Face's Llama layout, chapter 8). Every name is
+The code lives in four modules: :mod:`attnlib.interop.layouts` (the weight layouts of
+chapter 5), :mod:`attnlib.interop.masks` (the mask conventions),
+:mod:`attnlib.interop.llama` and :mod:`attnlib.interop.bloom` (Hugging Face's Llama and
+BLOOM layouts, chapter 8). Every name is
 importable from ``attnlib.interop`` itself.
 """
 
-from attnlib.interop import layouts, llama, masks
+from attnlib.interop import bloom, layouts, llama, masks
+from attnlib.interop.bloom import *  # noqa: F403
 from attnlib.interop.layouts import *  # noqa: F403
 from attnlib.interop.llama import *  # noqa: F403
 from attnlib.interop.masks import *  # noqa: F403
 
-__all__ = layouts.__all__ + masks.__all__ + llama.__all__
+__all__ = layouts.__all__ + masks.__all__ + llama.__all__ + bloom.__all__

@@ -1,0 +1,220 @@
+r"""Positions seen through :math:`W^{QK}`: additive encodings and ALiBi (chapter 8).
+
+Three ways a decoder tells positions apart, and where each puts the position:
+
+- **additive** (Vaswani et al. 2017, sinusoidal or learned): :math:`x_i + p_i` enters the
+  projections, so the score :math:`(x_i + p_i) W^Q {W^K}^\top (x_j + p_j)^\top` splits
+  into four terms (:func:`score_terms`): content-content, content-position,
+  position-content and position-position;
+- **RoPE** (:mod:`attnlib.decoding.rope`): a rotation between the two factors;
+- **ALiBi** (Press et al. 2022): no change to the queries, keys or :math:`W^{QK}`; a
+  per-head bias :math:`-m_h (i - j)` is added to the scores (:func:`alibi_slopes`,
+  :func:`alibi_bias`, :class:`AlibiAttention`).
+
+Orientation as everywhere in attnlib: row vectors, ``x @ W``; masks boolean, ``True`` =
+may attend.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlib._core import check_positive_int, check_tensor, check_width, format_shape
+from attnlib.attention import masked_softmax
+from attnlib.decoding.grouped import DecoderAttention
+
+__all__ = ["sinusoidal_positions", "ScoreTerms", "score_terms", "alibi_slopes", "alibi_bias", "AlibiAttention"]
+
+
+def sinusoidal_positions(
+    n: int,
+    d_model: int,
+    base: float = 10000.0,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""The sinusoidal position encodings of Vaswani et al. (2017), section 3.5.
+
+    .. math::
+        P_{p,\,2\ell} = \sin\!\big(p / \text{base}^{2\ell/d}\big), \qquad
+        P_{p,\,2\ell+1} = \cos\!\big(p / \text{base}^{2\ell/d}\big),
+
+    for positions ``p = 0..n-1`` and ``l = 0..d/2-1``, ``d = d_model``; added to the token
+    embeddings, :math:`x_p + P_p`. Computed in float64, rounded once to ``dtype``.
+
+    Returns:
+        ``(n, d_model)``.
+
+    Raises:
+        ValueError: ``n`` not a positive int; ``d_model`` not a positive even int;
+            ``base`` not a number > 1.
+    """
+    check_positive_int("n", n)
+    check_width(d_model, "d_model", even=True)
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+        raise ValueError(f"base must be a number > 1, got {base!r}")
+    p = torch.arange(n, dtype=torch.float64, device=device)[:, None]  # (n, 1)
+    two_l = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (d/2,)
+    angles = p / float(base) ** (two_l / d_model)  # (n, d/2)
+    pe = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (n, d/2, 2): sin at 2l, cos at 2l+1
+    return pe.flatten(-2).to(dtype)  # (n, d_model)
+
+
+class ScoreTerms(NamedTuple):
+    """The four terms of an additive-position score, each ``(..., n_q, n_k)``."""
+
+    content_content: Tensor  # x_i W^Q W^K^T x_j^T
+    content_position: Tensor  # x_i W^Q W^K^T p_j^T
+    position_content: Tensor  # p_i W^Q W^K^T x_j^T
+    position_position: Tensor  # p_i W^Q W^K^T p_j^T
+
+    def total(self) -> Tensor:
+        """The sum of the four terms: the score of :math:`x + p`."""
+        return self.content_content + self.content_position + self.position_content + self.position_position
+
+
+def score_terms(x_q: Tensor, p_q: Tensor, x_k: Tensor, p_k: Tensor, w_q: Tensor, w_k: Tensor) -> ScoreTerms:
+    r"""Split the (unscaled) score of additive positions into its four terms.
+
+    .. math::
+        (x_i + p_i) W^Q {W^K}^\top (x_j + p_j)^\top
+        = x_i W x_j^\top + x_i W p_j^\top + p_i W x_j^\top + p_i W p_j^\top,
+        \qquad W = W^Q {W^K}^\top,
+
+    each term computed through the two factors, ``(a @ w_q) @ (b @ w_k).mT``.
+
+    Args:
+        x_q, p_q: ``(..., n_q, d_model)``, the queries' tokens and positions.
+        x_k, p_k: ``(..., n_k, d_model)``, the keys' tokens and positions.
+        w_q, w_k: ``(d_model, d_k)``, one head's :math:`W^Q, W^K`.
+
+    Returns:
+        a :class:`ScoreTerms` of four ``(..., n_q, n_k)`` tensors.
+
+    Raises:
+        TypeError: an argument not a tensor.
+        ValueError: ``x_q`` and ``p_q`` (or ``x_k`` and ``p_k``) of different shapes; a
+            rank below 2; widths that do not match ``w_q``/``w_k`` ``(d_model, d_k)``.
+    """
+    for name, t in (("x_q", x_q), ("p_q", p_q), ("x_k", x_k), ("p_k", p_k), ("w_q", w_q), ("w_k", w_k)):
+        check_tensor(name, t)
+    if w_q.dim() != 2 or w_q.shape != w_k.shape:
+        raise ValueError(f"w_q and w_k must both have shape (d_model, d_k), got {format_shape(w_q)} and {format_shape(w_k)}")
+    d_model = w_q.shape[0]
+    for (a, ta), (b, tb) in (((("x_q", x_q)), ("p_q", p_q)), (("x_k", x_k), ("p_k", p_k))):
+        if ta.shape != tb.shape:
+            raise ValueError(f"{a} and {b} must have one shape, got {format_shape(ta)} and {format_shape(tb)}")
+        if ta.dim() < 2 or ta.shape[-1] != d_model:
+            raise ValueError(f"{a} must have shape (..., n, d_model={d_model}), got {format_shape(ta)}")
+    cq, pq = x_q @ w_q, p_q @ w_q  # (..., n_q, d_k): content and position parts of the queries
+    ck, pk = x_k @ w_k, p_k @ w_k  # (..., n_k, d_k)
+    return ScoreTerms(cq @ ck.mT, cq @ pk.mT, pq @ ck.mT, pq @ pk.mT)  # (..., n_q, n_k) each
+
+
+def alibi_slopes(
+    num_heads: int, *, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+) -> Tensor:
+    r"""ALiBi's head slopes :math:`m_0, \dots, m_{h-1}` (Press et al. 2022, section 3).
+
+    For ``h`` a power of two, the geometric sequence that starts at and is multiplied by
+    :math:`2^{-8/h}`: :math:`m_i = 2^{-8(i+1)/h}` (``h = 8``: 1/2, 1/4, ..., 1/256). For other
+    ``h``, with :math:`n = 2^{\lfloor \log_2 h \rfloor}`: the ``n`` slopes of ``n`` heads,
+    then the first ``h - n`` of every other slope of ``2n`` heads,
+    :math:`2^{-8(2k+1)/(2n)}`, ``k = 0, 1, ...`` (the authors' code, and BLOOM's).
+
+    Returns:
+        ``(h,)``, computed in float64 and rounded once to ``dtype``.
+
+    Raises:
+        ValueError: ``num_heads`` not a positive int.
+    """
+    h = check_positive_int("num_heads", num_heads)
+    n = 2 ** int(math.floor(math.log2(h)))
+    i = torch.arange(1, n + 1, dtype=torch.float64, device=device)  # (n,)
+    slopes = 2.0 ** (-8.0 * i / n)  # (n,)
+    if h > n:
+        odd = torch.arange(1, 2 * (h - n), 2, dtype=torch.float64, device=device)  # (h - n,): 1, 3, 5, ..
+        slopes = torch.cat([slopes, 2.0 ** (-8.0 * odd / (2 * n))])  # (h,)
+    return slopes.to(dtype)
+
+
+def alibi_bias(
+    num_heads: int,
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    r"""ALiBi's bias :math:`-m_h (i - j)` for head ``h``, query position ``i``, key position ``j``.
+
+    The queries are the last ``n_q`` of ``n_k`` positions, as in
+    :func:`attnlib.attention.causal_mask`: query ``a`` sits at ``i = n_k - n_q + a``
+    (``n_k = n_q`` by default: ``i = a``). A key in the past is penalised in proportion
+    to its distance; the entries ``j > i`` are positive, and a causal mask hides them.
+
+    Returns:
+        ``(h, n_q, n_k)``, to be added to the scaled scores ``q k^T / sqrt(d_k)``.
+
+    Raises:
+        ValueError: ``num_heads`` or ``n_q`` not a positive int; ``n_k`` not an int ``>= n_q``.
+    """
+    check_width(n_q, "n_q")
+    n_k = n_q if n_k is None else check_width(n_k, "n_k")
+    if n_k < n_q:
+        raise ValueError(f"n_k ({n_k}) must be >= n_q ({n_q}): the queries are the last n_q of the n_k positions")
+    m = alibi_slopes(num_heads, device=device)  # (h,) float64
+    i = torch.arange(n_k - n_q, n_k, dtype=torch.float64, device=device)  # (n_q,) query positions
+    j = torch.arange(n_k, dtype=torch.float64, device=device)  # (n_k,) key positions
+    return (-m[:, None, None] * (i[:, None] - j[None, :])).to(dtype)  # (h, n_q, n_k)
+
+
+class AlibiAttention(DecoderAttention):
+    r"""Multi-head attention with ALiBi (Press et al. 2022): chapter 8's
+    :class:`~attnlib.decoding.DecoderAttention` whose per-head attention adds
+    :func:`alibi_bias` to the scaled scores,
+
+    .. math::
+        A_h = \mathrm{softmax}\!\Big(\frac{Q_h K_h^\top}{\sqrt{d_k}} - m_h\,(i - j)\Big),
+
+    and changes nothing else: the projections, :math:`W^{QK}_h`, the merge and the cache
+    are the parent's, and the cache holds plain keys :math:`x_j W^K_h` (no position).
+    The queries are the last ``n_q`` of the ``n_k`` key positions (a self-attention pass,
+    or new tokens after a :class:`~attnlib.decoding.KVCache`).
+
+    ``AlibiAttention(d_model, num_heads, bias=True, *, device=None, dtype=None)``; the
+    call and its shapes are :class:`DecoderAttention`'s. No RoPE and no grouped keys.
+    """
+
+    def _check_decoder_options(self, num_kv_heads: object, rope_base: object) -> tuple[int, float | None]:
+        if (num_kv_heads is not None and num_kv_heads != self.num_heads) or rope_base is not None:
+            raise ValueError(
+                f"AlibiAttention takes no num_kv_heads or rope_base (got {num_kv_heads!r}, {rope_base!r}): "
+                f"ALiBi's positions are its bias"
+            )
+        return self.num_heads, None
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The parent's attention with the ALiBi bias added to the scaled scores:
+        ``q`` ``(B, h, n_q, d_k)``, ``k``, ``v`` ``(B, h, n_k, .)`` -> ``(B, h, n_q, d_v)``
+        and ``(B, h, n_q, n_k)`` (``None`` with ``need_weights=False``: SDPA)."""
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        bias = alibi_bias(self.num_heads, n_q, n_k, dtype=q.dtype, device=q.device)  # (h, n_q, n_k)
+        if not need_weights:
+            if mask is not None:  # a boolean mask and the bias, as one additive mask
+                bias = bias.masked_fill(~mask, float("-inf"))  # (.., h, n_q, n_k)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias), None  # (B, h, n_q, d_v)
+        scores = (q * self.d_k**-0.5) @ k.transpose(-2, -1) + bias  # (B, h, n_q, n_k)
+        weights = masked_softmax(scores, mask)  # (B, h, n_q, n_k)
+        return weights @ v, weights  # (B, h, n_q, d_v), (B, h, n_q, n_k)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", alibi=True"

@@ -1,0 +1,108 @@
+r"""Hugging Face's BLOOM attention layout (``BloomAttention``), read into and written from
+attnlib's :class:`~attnlib.AttentionWeights` (chapter 8).
+
+BLOOM fuses the three projections into one ``nn.Linear`` ``query_key_value`` of weight
+``(3d, d)``, whose ``3d`` outputs are grouped **by head**: head ``i`` owns outputs
+``3 i d_k .. 3 (i+1) d_k``, in the order query, key, value (``view(B, n, h, 3, d_k)``).
+That is not the ``[W^Q | W^K | W^V]`` packing of ``nn.MultiheadAttention`` or nanoGPT,
+so reading it as one would mix queries, keys and values of different heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnlib._core import AttentionWeights, check_positive_int, format_shape
+
+__all__ = ["read_bloom", "write_bloom"]
+
+
+def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWeights:
+    r"""Read Hugging Face BLOOM attention into paper orientation (copies).
+
+    ``query_key_value.weight`` ``(3d, d)`` viewed as ``(h, 3, d_k, d)``: block ``[i, 0]``
+    is :math:`(W^Q_i)^\top`, ``[i, 1]`` :math:`(W^K_i)^\top`, ``[i, 2]``
+    :math:`(W^V_i)^\top`; its bias ``(3d,)`` is viewed as ``(h, 3, d_k)`` the same way;
+    ``dense.weight`` ``(d, d)`` is :math:`(W^O)^\top`. The positions (ALiBi) are not
+    weights: :class:`attnlib.decoding.AlibiAttention` adds them.
+
+    Args:
+        attn: a module with ``query_key_value`` and ``dense`` (``nn.Linear`` with bias),
+            e.g. ``BloomAttention`` or the ``nn.ModuleDict`` of :func:`write_bloom`.
+        num_heads: ``h``; default ``attn.num_heads`` (``BloomAttention`` has it).
+
+    Raises:
+        TypeError: a projection missing, not an ``nn.Linear`` or without bias.
+        ValueError: ``num_heads`` missing or disagreeing with ``attn.num_heads``; shapes
+            that do not fit ``(3d, d)`` and ``(d, d)`` with ``h`` dividing ``d``; dropout > 0
+            in ``attn`` (``attention_dropout``).
+    """
+    layers: dict[str, nn.Linear] = {}
+    for name in ("query_key_value", "dense"):
+        layer = getattr(attn, name, None)
+        if not isinstance(layer, nn.Linear) or layer.bias is None:
+            raise TypeError(f"attn.{name} must be an nn.Linear with bias, got {type(layer).__name__}")
+        layers[name] = layer
+    own = getattr(attn, "num_heads", None)
+    if num_heads is None:
+        if own is None:
+            raise ValueError("num_heads must be given when attn has no num_heads attribute")
+        num_heads = int(own)
+    h = check_positive_int("num_heads", num_heads)
+    if own is not None and int(own) != h:
+        raise ValueError(f"num_heads={h} disagrees with attn.num_heads={own}")
+    dropout = getattr(attn, "attention_dropout", None)
+    if isinstance(dropout, nn.Dropout) and dropout.p > 0:
+        raise ValueError(f"attention_dropout p={dropout.p} > 0: attnlib has no dropout; set it to 0 (inference)")
+    w, b = layers["query_key_value"].weight.detach(), layers["query_key_value"].bias.detach()  # (3d, d), (3d,)
+    d = w.shape[1]
+    if w.shape != (3 * d, d) or d % h or layers["dense"].weight.shape != (d, d):
+        raise ValueError(
+            f"query_key_value.weight must be (3d, d) and dense.weight (d, d) with num_heads={h} dividing d, "
+            f"got {format_shape(w)} and {format_shape(layers['dense'].weight)}"
+        )
+    d_k = d // h
+    blocks = w.view(h, 3, d_k, d)  # (h, q/k/v, d_k, d): head i's three (d_k, d) blocks
+    biases = b.view(h, 3, d_k)  # (h, q/k/v, d_k)
+
+    def paper(t: int) -> tuple[Tensor, Tensor]:  # projection t of every head: (d, h*d_k), (h*d_k,)
+        return blocks[:, t].reshape(h * d_k, d).T.clone(), biases[:, t].reshape(h * d_k).clone()
+
+    (w_q, b_q), (w_k, b_k), (w_v, b_v) = paper(0), paper(1), paper(2)
+    dense = layers["dense"]
+    return AttentionWeights(w_q=w_q, w_k=w_k, w_v=w_v, w_o=dense.weight.detach().T.clone(),
+                            b_q=b_q, b_k=b_k, b_v=b_v, b_o=dense.bias.detach().clone())
+
+
+def write_bloom(weights: AttentionWeights, num_heads: int) -> nn.ModuleDict:
+    """``query_key_value`` and ``dense`` (``nn.Linear`` with bias) holding ``weights`` in
+    BLOOM's per-head fused layout: the inverse of :func:`read_bloom`. Its ``state_dict()``
+    loads into a ``BloomAttention`` of the same shape. A record without biases gets zero
+    biases (BLOOM's layers always have one), which computes the same function.
+
+    Raises:
+        TypeError: ``weights`` not an :class:`~attnlib.AttentionWeights`.
+        ValueError: ``num_heads`` not a positive int dividing ``d_model``.
+    """
+    if not isinstance(weights, AttentionWeights):
+        raise TypeError(f"weights must be an AttentionWeights, got {type(weights).__name__}")
+    h, d = check_positive_int("num_heads", num_heads), weights.d_model
+    if d % h:
+        raise ValueError(f"num_heads ({h}) must divide d_model ({d})")
+    d_k, w0 = d // h, weights.w_q
+
+    def bias(t: Tensor | None) -> Tensor:
+        return torch.zeros(d, device=w0.device, dtype=w0.dtype) if t is None else t
+
+    per_head = [w.T.reshape(h, d_k, d) for w in (weights.w_q, weights.w_k, weights.w_v)]  # (h, d_k, d) each
+    fused_w = torch.stack(per_head, dim=1).reshape(3 * d, d)  # (h, 3, d_k, d) -> (3d, d)
+    fused_b = torch.stack([bias(t).reshape(h, d_k) for t in (weights.b_q, weights.b_k, weights.b_v)], 1)  # (h, 3, d_k)
+    qkv = nn.Linear(d, 3 * d, device=w0.device, dtype=w0.dtype)
+    dense = nn.Linear(d, d, device=w0.device, dtype=w0.dtype)
+    with torch.no_grad():
+        qkv.weight.copy_(fused_w)
+        qkv.bias.copy_(fused_b.reshape(3 * d))
+        dense.weight.copy_(weights.w_o.T)  # (d_out, d_in)
+        dense.bias.copy_(bias(weights.b_o))
+    return nn.ModuleDict({"query_key_value": qkv, "dense": dense})
