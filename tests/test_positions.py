@@ -196,6 +196,12 @@ def test_alibi_errors(call: object, exc: type[Exception], match: str) -> None:
         call()  # type: ignore[operator]
 
 
+def _heads(t: torch.Tensor, h: int) -> torch.Tensor:
+    """(B, n, h*d_k) -> (B, h, n, d_k)."""
+    B, n, d = t.shape
+    return t.view(B, n, h, d // h).transpose(1, 2)
+
+
 def _alibi_layer(d_model: int = 12, h: int = 3, seed: int = 0) -> AlibiAttention:
     torch.manual_seed(seed)
     layer = AlibiAttention(d_model, h, dtype=F64)
@@ -208,12 +214,13 @@ def _alibi_layer(d_model: int = 12, h: int = 3, seed: int = 0) -> AlibiAttention
 def test_alibi_attention_is_the_formula() -> None:
     layer, x = _alibi_layer(), _randn(2, 5, 12)
     out, w = layer(x, x, x, mask=causal_mask(5))
-    q = layer._split_heads(x @ layer.w_q + layer.b_q)  # (B, h, n, d_k)
-    k = layer._split_heads(x @ layer.w_k + layer.b_k)
-    v = layer._split_heads(x @ layer.w_v + layer.b_v)
+    q = _heads(x @ layer.w_q + layer.b_q, 3)  # (B, h, n, d_k)
+    k = _heads(x @ layer.w_k + layer.b_k, 3)
+    v = _heads(x @ layer.w_v + layer.b_v, 3)
     want = masked_softmax(q @ k.mT / 2.0 + alibi_bias(3, 5), causal_mask(5))  # d_k = 4
     torch.testing.assert_close(w, want, **TOL)
-    torch.testing.assert_close(out, layer._merge(want @ v), **TOL)
+    merged = (want @ v).transpose(1, 2).reshape(2, 5, 12)  # (B, n, h*d_k)
+    torch.testing.assert_close(out, merged @ layer.w_o + layer.b_o, **TOL)
     fused, none = layer(x, x, x, mask=causal_mask(5), need_weights=False)  # SDPA with the bias
     assert none is None
     torch.testing.assert_close(fused, out, **TOL)
@@ -235,7 +242,7 @@ def test_alibi_decoding_with_a_cache_equals_the_causal_pass(prefill: int, steps:
             x_t = x[:, t : t + 1]
             outs.append(layer(x_t, x_t, x_t, cache=cache)[0])
     torch.testing.assert_close(torch.cat(outs, 1), full, **TOL)
-    plain = layer._split_heads(x @ layer.w_k + layer.b_k)  # no position in the cached keys
+    plain = _heads(x @ layer.w_k + layer.b_k, 3)  # no position in the cached keys
     torch.testing.assert_close(cache.keys, plain, **TOL)
 
 
