@@ -276,6 +276,26 @@ def test_alibi_attention_reproduces_bloom_attention(heads: int, d_k: int) -> Non
     torch.testing.assert_close(out, hf_out, rtol=tol, atol=tol)
 
 
+def test_alibi_attention_reproduces_a_bloom_model_layer() -> None:
+    """A whole BloomModel builds its own ALiBi tensor and causal mask; its layer-0 weights
+    are AlibiAttention's on the layer's normalised input."""
+    from transformers import BloomConfig, BloomModel
+
+    torch.manual_seed(0)
+    model = BloomModel(BloomConfig(hidden_size=24, n_head=3, n_layer=1, vocab_size=10)).to(F64).eval()
+    block = model.h[0]
+    with torch.no_grad():
+        for p in block.self_attention.parameters():
+            p.normal_(0.0, 0.3)
+    ids = torch.randint(0, 10, (2, 7), generator=torch.Generator().manual_seed(1))
+    ours = AlibiAttention.from_weights(read_bloom(block.self_attention), 3)
+    with torch.no_grad():
+        hf_w = model(input_ids=ids, output_attentions=True).attentions[0]  # (B, h, n, n)
+        x = block.input_layernorm(model.word_embeddings_layernorm(model.word_embeddings(ids)))
+        _, w = ours(x, x, x, mask=causal_mask(7))
+    torch.testing.assert_close(w, hf_w, rtol=1e-5, atol=1e-5)  # BLOOM's softmax runs in float32
+
+
 def test_alibi_cached_decoding_matches_bloom_dynamic_cache() -> None:
     from transformers import DynamicCache
 
@@ -283,7 +303,7 @@ def test_alibi_cached_decoding_matches_bloom_dynamic_cache() -> None:
     ours = AlibiAttention.from_weights(read_bloom(hf), 3)
     x = _randn(1, n, 12, seed=4)
     alibi = _bloom().build_alibi_tensor(torch.ones(1, n, dtype=F64), 3, F64)
-    hf_cache, cache, hf_outs, outs = DynamicCache(config=hf_config(hf)), KVCache(), [], []
+    hf_cache, cache, hf_outs, outs = DynamicCache(config=_hf_config(hf)), KVCache(), [], []
     with torch.no_grad():
         for a, b in ((0, 3), (3, 4), (4, 6)):
             step = x[:, a:b]
@@ -295,7 +315,7 @@ def test_alibi_cached_decoding_matches_bloom_dynamic_cache() -> None:
     torch.testing.assert_close(cache.values, hf_cache.layers[0].values, **TOL)
 
 
-def hf_config(attn: nn.Module) -> object:
+def _hf_config(attn: nn.Module) -> object:
     bloom = _bloom()
     return bloom.BloomConfig(hidden_size=attn.hidden_size, n_head=attn.num_heads, n_layer=1)
 
