@@ -75,15 +75,15 @@ def test_sinusoids_have_offset_only_dot_products(n: int, shift: int, half: int) 
        seed=st.integers(0, 2**31 - 1))
 @FEW
 def test_four_terms_add_up_to_the_score(n_q: int, n_k: int, d_model: int, d_k: int, seed: int) -> None:
-    x_q, p_q = _randn(2, n_q, d_model, seed=seed), _randn(2, n_q, d_model, seed=seed + 1)
-    x_k, p_k = _randn(2, n_k, d_model, seed=seed + 2), _randn(2, n_k, d_model, seed=seed + 3)
+    x_q, e_q = _randn(2, n_q, d_model, seed=seed), _randn(2, n_q, d_model, seed=seed + 1)
+    x_k, e_k = _randn(2, n_k, d_model, seed=seed + 2), _randn(2, n_k, d_model, seed=seed + 3)
     w_q, w_k = _randn(d_model, d_k, seed=seed + 4), _randn(d_model, d_k, seed=seed + 5)
-    terms = score_terms(x_q, p_q, x_k, p_k, w_q, w_k)
-    score = ((x_q + p_q) @ w_q) @ ((x_k + p_k) @ w_k).mT  # (2, n_q, n_k)
-    size = ((x_q.abs() + p_q.abs()) @ w_q.abs()) @ ((x_k.abs() + p_k.abs()) @ w_k.abs()).mT
+    terms = score_terms(x_q, e_q, x_k, e_k, w_q, w_k)
+    score = ((x_q + e_q) @ w_q) @ ((x_k + e_k) @ w_k).mT  # (2, n_q, n_k)
+    size = ((x_q.abs() + e_q.abs()) @ w_q.abs()) @ ((x_k.abs() + e_k.abs()) @ w_k.abs()).mT
     assert ((terms.total() - score).abs() <= rounding_tolerance(F64, d_model, d_k, 4) * size).all()
     torch.testing.assert_close(terms.content_content, (x_q @ w_q @ w_k.T) @ x_k.mT, **TOL)
-    torch.testing.assert_close(terms.position_content, (p_q @ w_q @ w_k.T) @ x_k.mT, **TOL)
+    torch.testing.assert_close(terms.position_content, (e_q @ w_q @ w_k.T) @ x_k.mT, **TOL)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_four_terms_add_up_to_the_score(n_q: int, n_k: int, d_model: int, d_k: i
         (lambda: score_terms(_randn(2, 3), _randn(2, 3), _randn(2, 3), _randn(2, 3), _randn(3, 2), _randn(3, 1)),
          ValueError, "w_q and w_k"),
         (lambda: score_terms(_randn(2, 3), _randn(3, 3), _randn(2, 3), _randn(2, 3), _randn(3, 2), _randn(3, 2)),
-         ValueError, "x_q and p_q"),
+         ValueError, "x_q and e_q"),
         (lambda: score_terms(_randn(2, 3), _randn(2, 3), _randn(2, 4), _randn(2, 4), _randn(3, 2), _randn(3, 2)),
          ValueError, "x_k must have shape"),
         (lambda: score_terms(_randn(3), _randn(3), _randn(2, 3), _randn(2, 3), _randn(3, 2), _randn(3, 2)),

@@ -2,15 +2,16 @@ r"""Positions seen through :math:`W^{QK}`: additive encodings and ALiBi (chapter
 
 Three ways a decoder tells positions apart, and where each puts the position:
 
-- **additive** (Vaswani et al. 2017, sinusoidal or learned): :math:`x_i + p_i` enters the
-  projections, so the score :math:`(x_i + p_i) W^Q {W^K}^\top (x_j + p_j)^\top` splits
+- **additive** (Vaswani et al. 2017, sinusoidal or learned): :math:`x_p + e_p` enters the
+  projections, so the score :math:`(x_p + e_p) W^Q {W^K}^\top (x_j + e_j)^\top` splits
   into four terms (:func:`score_terms`): content-content, content-position,
   position-content and position-position;
 - **RoPE** (:mod:`attnlib.decoding.rope`): a rotation between the two factors;
 - **ALiBi** (Press et al. 2022): no change to the queries, keys or :math:`W^{QK}`; a
-  per-head bias :math:`-m_h (i - j)` is added to the scores (:func:`alibi_slopes`,
+  per-head bias :math:`-m_i (p - j)` is added to the scores (:func:`alibi_slopes`,
   :func:`alibi_bias`, :class:`AlibiAttention`).
 
+Notation as in the book: query position ``p``, key position ``j``, head ``i``.
 Orientation as everywhere in attnlib: row vectors, ``x @ W``; masks boolean, ``True`` =
 may attend.
 """
@@ -18,7 +19,7 @@ may attend.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -69,29 +70,29 @@ def sinusoidal_positions(
 class ScoreTerms(NamedTuple):
     """The four terms of an additive-position score, each ``(..., n_q, n_k)``."""
 
-    content_content: Tensor  # x_i W^Q W^K^T x_j^T
-    content_position: Tensor  # x_i W^Q W^K^T p_j^T
-    position_content: Tensor  # p_i W^Q W^K^T x_j^T
-    position_position: Tensor  # p_i W^Q W^K^T p_j^T
+    content_content: Tensor  # x_p W^Q W^K^T x_j^T
+    content_position: Tensor  # x_p W^Q W^K^T e_j^T
+    position_content: Tensor  # e_p W^Q W^K^T x_j^T
+    position_position: Tensor  # e_p W^Q W^K^T e_j^T
 
     def total(self) -> Tensor:
-        """The sum of the four terms: the score of :math:`x + p`."""
+        """The sum of the four terms: the score of :math:`x + e`."""
         return self.content_content + self.content_position + self.position_content + self.position_position
 
 
-def score_terms(x_q: Tensor, p_q: Tensor, x_k: Tensor, p_k: Tensor, w_q: Tensor, w_k: Tensor) -> ScoreTerms:
+def score_terms(x_q: Tensor, e_q: Tensor, x_k: Tensor, e_k: Tensor, w_q: Tensor, w_k: Tensor) -> ScoreTerms:
     r"""Split the (unscaled) score of additive positions into its four terms.
 
     .. math::
-        (x_i + p_i) W^Q {W^K}^\top (x_j + p_j)^\top
-        = x_i W x_j^\top + x_i W p_j^\top + p_i W x_j^\top + p_i W p_j^\top,
+        (x_p + e_p) W^Q {W^K}^\top (x_j + e_j)^\top
+        = x_p W x_j^\top + x_p W e_j^\top + e_p W x_j^\top + e_p W e_j^\top,
         \qquad W = W^Q {W^K}^\top,
 
     each term computed through the two factors, ``(a @ w_q) @ (b @ w_k).mT``.
 
     Args:
-        x_q, p_q: ``(..., n_q, d_model)``, the queries' tokens and positions.
-        x_k, p_k: ``(..., n_k, d_model)``, the keys' tokens and positions.
+        x_q, e_q: ``(..., n_q, d_model)``, the queries' tokens and position vectors.
+        x_k, e_k: ``(..., n_k, d_model)``, the keys' tokens and position vectors.
         w_q, w_k: ``(d_model, d_k)``, one head's :math:`W^Q, W^K`.
 
     Returns:
@@ -99,22 +100,22 @@ def score_terms(x_q: Tensor, p_q: Tensor, x_k: Tensor, p_k: Tensor, w_q: Tensor,
 
     Raises:
         TypeError: an argument not a tensor.
-        ValueError: ``x_q`` and ``p_q`` (or ``x_k`` and ``p_k``) of different shapes; a
+        ValueError: ``x_q`` and ``e_q`` (or ``x_k`` and ``e_k``) of different shapes; a
             rank below 2; widths that do not match ``w_q``/``w_k`` ``(d_model, d_k)``.
     """
-    for name, t in (("x_q", x_q), ("p_q", p_q), ("x_k", x_k), ("p_k", p_k), ("w_q", w_q), ("w_k", w_k)):
+    for name, t in (("x_q", x_q), ("e_q", e_q), ("x_k", x_k), ("e_k", e_k), ("w_q", w_q), ("w_k", w_k)):
         check_tensor(name, t)
     if w_q.dim() != 2 or w_q.shape != w_k.shape:
         raise ValueError(f"w_q and w_k must both have shape (d_model, d_k), got {format_shape(w_q)} and {format_shape(w_k)}")
     d_model = w_q.shape[0]
-    for (a, ta), (b, tb) in (((("x_q", x_q)), ("p_q", p_q)), (("x_k", x_k), ("p_k", p_k))):
+    for (a, ta), (b, tb) in ((("x_q", x_q), ("e_q", e_q)), (("x_k", x_k), ("e_k", e_k))):
         if ta.shape != tb.shape:
             raise ValueError(f"{a} and {b} must have one shape, got {format_shape(ta)} and {format_shape(tb)}")
         if ta.dim() < 2 or ta.shape[-1] != d_model:
             raise ValueError(f"{a} must have shape (..., n, d_model={d_model}), got {format_shape(ta)}")
-    cq, pq = x_q @ w_q, p_q @ w_q  # (..., n_q, d_k): content and position parts of the queries
-    ck, pk = x_k @ w_k, p_k @ w_k  # (..., n_k, d_k)
-    return ScoreTerms(cq @ ck.mT, cq @ pk.mT, pq @ ck.mT, pq @ pk.mT)  # (..., n_q, n_k) each
+    cq, eq = x_q @ w_q, e_q @ w_q  # (..., n_q, d_k): content and position parts of the queries
+    ck, ek = x_k @ w_k, e_k @ w_k  # (..., n_k, d_k)
+    return ScoreTerms(cq @ ck.mT, cq @ ek.mT, eq @ ck.mT, eq @ ek.mT)  # (..., n_q, n_k) each
 
 
 def alibi_slopes(
@@ -122,10 +123,10 @@ def alibi_slopes(
 ) -> Tensor:
     r"""ALiBi's head slopes :math:`m_0, \dots, m_{h-1}` (Press et al. 2022, section 3).
 
-    For ``h`` a power of two, the geometric sequence that starts at and is multiplied by
-    :math:`2^{-8/h}`: :math:`m_i = 2^{-8(i+1)/h}` (``h = 8``: 1/2, 1/4, ..., 1/256). For other
-    ``h``, with :math:`n = 2^{\lfloor \log_2 h \rfloor}`: the ``n`` slopes of ``n`` heads,
-    then the first ``h - n`` of every other slope of ``2n`` heads,
+    For ``h`` a power of two, the geometric sequence that starts at and is multiplied
+    by :math:`2^{-8/h}`: :math:`m_i = 2^{-8(i+1)/h}` (``h = 8``: 1/2, 1/4, ..., 1/256).
+    For other ``h``, with :math:`n = 2^{\lfloor \log_2 h \rfloor}`: the ``n`` slopes of
+    ``n`` heads, then the first ``h - n`` of every other slope of ``2n`` heads,
     :math:`2^{-8(2k+1)/(2n)}`, ``k = 0, 1, ...`` (the authors' code, and BLOOM's).
 
     Returns:
@@ -136,10 +137,11 @@ def alibi_slopes(
     """
     h = check_positive_int("num_heads", num_heads)
     n = 2 ** int(math.floor(math.log2(h)))
-    i = torch.arange(1, n + 1, dtype=torch.float64, device=device)  # (n,)
-    slopes = 2.0 ** (-8.0 * i / n)  # (n,)
+    f64: dict[str, Any] = {"dtype": torch.float64, "device": device}
+    k = torch.arange(1, n + 1, **f64)  # (n,): 1, 2, .., n
+    slopes = 2.0 ** (-8.0 * k / n)  # (n,)
     if h > n:
-        odd = torch.arange(1, 2 * (h - n), 2, dtype=torch.float64, device=device)  # (h - n,): 1, 3, 5, ..
+        odd = torch.arange(1, 2 * (h - n), 2, **f64)  # (h - n,): 1, 3, 5, ..
         slopes = torch.cat([slopes, 2.0 ** (-8.0 * odd / (2 * n))])  # (h,)
     return slopes.to(dtype)
 
@@ -152,27 +154,30 @@ def alibi_bias(
     dtype: torch.dtype = torch.float64,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    r"""ALiBi's bias :math:`-m_h (i - j)` for head ``h``, query position ``i``, key position ``j``.
+    r"""ALiBi's bias :math:`-m_i (p - j)`: head ``i``, query position ``p``, key position ``j``.
 
     The queries are the last ``n_q`` of ``n_k`` positions, as in
-    :func:`attnlib.attention.causal_mask`: query ``a`` sits at ``i = n_k - n_q + a``
-    (``n_k = n_q`` by default: ``i = a``). A key in the past is penalised in proportion
-    to its distance; the entries ``j > i`` are positive, and a causal mask hides them.
+    :func:`attnlib.attention.causal_mask`: query ``a`` sits at ``p = n_k - n_q + a``
+    (``n_k = n_q`` by default: ``p = a``). A key in the past is penalised in proportion
+    to its distance; the entries ``j > p`` are positive, and a causal mask hides them.
 
     Returns:
         ``(h, n_q, n_k)``, to be added to the scaled scores ``q k^T / sqrt(d_k)``.
 
     Raises:
-        ValueError: ``num_heads`` or ``n_q`` not a positive int; ``n_k`` not an int ``>= n_q``.
+        ValueError: ``num_heads`` or ``n_q`` not a positive int; ``n_k`` not an int
+            ``>= n_q``.
     """
     check_width(n_q, "n_q")
     n_k = n_q if n_k is None else check_width(n_k, "n_k")
     if n_k < n_q:
-        raise ValueError(f"n_k ({n_k}) must be >= n_q ({n_q}): the queries are the last n_q of the n_k positions")
+        raise ValueError(f"n_k ({n_k}) must be >= n_q ({n_q}): "
+                         f"the queries are the last n_q of the n_k positions")
+    f64: dict[str, Any] = {"dtype": torch.float64, "device": device}
     m = alibi_slopes(num_heads, device=device)  # (h,) float64
-    i = torch.arange(n_k - n_q, n_k, dtype=torch.float64, device=device)  # (n_q,) query positions
-    j = torch.arange(n_k, dtype=torch.float64, device=device)  # (n_k,) key positions
-    return (-m[:, None, None] * (i[:, None] - j[None, :])).to(dtype)  # (h, n_q, n_k)
+    p = torch.arange(n_k - n_q, n_k, **f64)  # (n_q,): query positions
+    j = torch.arange(n_k, **f64)  # (n_k,): key positions
+    return (-m[:, None, None] * (p[:, None] - j[None, :])).to(dtype)  # (h, n_q, n_k)
 
 
 class AlibiAttention(DecoderAttention):
@@ -181,10 +186,11 @@ class AlibiAttention(DecoderAttention):
     :func:`alibi_bias` to the scaled scores,
 
     .. math::
-        A_h = \mathrm{softmax}\!\Big(\frac{Q_h K_h^\top}{\sqrt{d_k}} - m_h\,(i - j)\Big),
+        A_i = \mathrm{softmax}\!\Big(\frac{Q_i K_i^\top}{\sqrt{d_k}} - m_i\,(p - j)\Big),
 
-    and changes nothing else: the projections, :math:`W^{QK}_h`, the merge and the cache
-    are the parent's, and the cache holds plain keys :math:`x_j W^K_h` (no position).
+    for head ``i``, query position ``p`` and key position ``j``, and changes nothing else:
+    the projections, :math:`W^{QK}_i`, the merge and the cache are the parent's, and the
+    cache holds plain keys :math:`x_j W^K_i` (no position).
     The queries are the last ``n_q`` of the ``n_k`` key positions (a self-attention pass,
     or new tokens after a :class:`~attnlib.decoding.KVCache`).
 
@@ -207,11 +213,12 @@ class AlibiAttention(DecoderAttention):
         ``q`` ``(B, h, n_q, d_k)``, ``k``, ``v`` ``(B, h, n_k, .)`` -> ``(B, h, n_q, d_v)``
         and ``(B, h, n_q, n_k)`` (``None`` with ``need_weights=False``: SDPA)."""
         n_q, n_k = q.shape[-2], k.shape[-2]
-        bias = alibi_bias(self.num_heads, n_q, n_k, dtype=q.dtype, device=q.device)  # (h, n_q, n_k)
-        if not need_weights:
-            if mask is not None:  # a boolean mask and the bias, as one additive mask
+        bias = alibi_bias(self.num_heads, n_q, n_k, dtype=q.dtype, device=q.device)
+        if not need_weights:  # (h, n_q, n_k) above; with the mask, one additive mask
+            if mask is not None:
                 bias = bias.masked_fill(~mask, float("-inf"))  # (.., h, n_q, n_k)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias), None  # (B, h, n_q, d_v)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            return out, None  # (B, h, n_q, d_v)
         scores = (q * self.d_k**-0.5) @ k.transpose(-2, -1) + bias  # (B, h, n_q, n_k)
         weights = masked_softmax(scores, mask)  # (B, h, n_q, n_k)
         return weights @ v, weights  # (B, h, n_q, d_v), (B, h, n_q, n_k)
