@@ -23,6 +23,7 @@ CHAPTER = {
     "attnlib.separate": 5,  # shown in chapter 3, compared in chapter 5; built on multihead
     "attnlib.interop": 5,
     "attnlib.interop.llama": 8,
+    "attnlib.interop.bloom": 8,  # BLOOM's layout, for chapter 8's ALiBi
     "attnlib.pretrained": 6,
     "attnlib.recall": 7,
     "attnlib.decoding": 8,
