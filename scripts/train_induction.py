@@ -1,11 +1,12 @@
-"""Train the five runs that chapter 11 reads and store them in attnlib/induction/runs.safetensors.
+"""Train the twelve runs (seeds 0-11) that chapter 11 reads and store them in attnlib/induction/runs.safetensors.
 
     PYTHONPATH=. python scripts/train_induction.py
 
 One thread, seeded: the same file on every run of this script on one machine (another CPU
-may round differently; the chapter's claims are checked on whatever it loads, and
-tests/test_induction.py retrains a smaller model and checks the same properties).
-Takes about 10 s on one core.
+may round differently; the chapter's claims are checked on whatever it loads).
+tests/test_induction.py retrains a smaller model (d_model 16, 250 steps, a seed outside
+these) and checks the robust properties: accuracy far above chance, a layer-1 induction
+head, and chance again without the layer-1 heads. Takes about 15 s on one core.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from attnlib.induction import (
     InductionRuns,
     RepeatTask,
     ablation_accuracy,
+    composition_ceiling,
     composition_score,
     composition_scores,
     frobenius,
@@ -62,6 +63,12 @@ def test_task_input_errors() -> None:
         TASK.sample(0, torch.Generator())
     with pytest.raises(ValueError, match="period"):
         TASK.predictable(torch.tensor([3.0]))
+    with pytest.raises(ValueError, match="period"):
+        TASK.block(torch.tensor([[3]]))
+
+
+def test_block_index() -> None:
+    assert TASK.block(torch.tensor([3, 5]))[:, :7].tolist() == [[0, 0, 0, 1, 1, 1, 2], [0, 0, 0, 0, 0, 1, 1]]
 
 
 # ---- the model -----------------------------------------------------------------------
@@ -115,6 +122,10 @@ def test_model_input_errors() -> None:
         ablation_accuracy(runs, TASK.sample(2, torch.Generator()), [(0, 2)])
     with pytest.raises(TypeError):
         pattern_scores("runs", TASK.sample(2, torch.Generator()))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="where"):
+        pattern_scores(runs, TASK.sample(2, torch.Generator()), torch.ones(2, 12))
+    with pytest.raises(ValueError, match="where"):
+        pattern_scores(runs, TASK.sample(2, torch.Generator()), torch.zeros(2, 12, dtype=torch.bool))
     with pytest.raises(ValueError, match="steps"):
         train_induction(runs, steps=0)
 
@@ -149,8 +160,31 @@ def test_pattern_masks_by_hand() -> None:
     assert m["duplicate"][0, 4].nonzero().flatten().tolist() == [1]  # the earlier 6
     assert m["induction"][0, 4].nonzero().flatten().tolist() == [2]  # what followed the earlier 6
     assert m["induction"][0, 3].nonzero().flatten().tolist() == [1]
+    t = torch.tensor([[5, 6, 5, 6, 5, 6, 5]])  # period 2
+    m = pattern_masks(t)
+    assert m["duplicate"][0, 6].nonzero().flatten().tolist() == [0, 2, 4]
+    assert m["first duplicate"][0, 6].nonzero().flatten().tolist() == [0]
+    assert m["induction"][0, 6].nonzero().flatten().tolist() == [1, 3, 5]
+    assert m["first induction"][0, 6].nonzero().flatten().tolist() == [1]
+    assert m["latest induction"][0, 6].nonzero().flatten().tolist() == [5]
+    assert not m["first induction"][0, 1].any()  # no earlier occurrence: no key
     with pytest.raises(ValueError, match="tokens"):
         pattern_masks(t[0])
+
+
+def test_pattern_scores_over_chosen_rows() -> None:
+    runs = small_runs([0])
+    batch = TASK.sample(8, torch.Generator().manual_seed(2))
+    ps = pattern_scores(runs, batch)
+    assert (ps["first induction"] <= ps["induction"] + 1e-12).all()
+    assert (ps["latest induction"] <= ps["induction"] + 1e-12).all()
+    with torch.no_grad():
+        _, maps = runs(batch.tokens[None])
+    rows = (TASK.block(batch.period) == 0) & (torch.arange(12) >= 1)  # the first block, i >= 1
+    first = pattern_scores(runs, batch, rows)["previous"]  # (1, 2, h)
+    i, q = rows.nonzero(as_tuple=True)
+    want = maps[0][0, i, :, q, q - 1].double().mean(0)  # (h,)
+    torch.testing.assert_close(first[0, 0], want)
 
 
 # ---- composition scores -----------------------------------------------------------------
@@ -220,6 +254,32 @@ def test_composition_input_errors() -> None:
         random_composition_scores(4, 2, 3, 0)  # type: ignore[arg-type]
 
 
+@examples(25)
+@given(seed=st.integers(0, 10_000), r=st.integers(1, 4))
+def test_composition_ceiling_bounds_the_score_and_is_reached(seed: int, r: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    a, b = fm(gen, 6, r, 5), fm(gen, 5, r, 7)
+    assert composition_score(a, b) <= composition_ceiling(a, b) + 1e-12
+    # rotate b so that a's right singular vectors meet b's left ones, in order: the ceiling
+    _, _, vh_a = torch.linalg.svd(a.full())
+    u_b, _, _ = torch.linalg.svd(b.full())
+    turn = vh_a.mT @ u_b.mT  # (5, 5), orthogonal: u_b[:, i] -> vh_a[i]
+    aligned = composition_score(a, FactoredMatrix(turn @ b.left, b.right))
+    assert_rounding_close(aligned, composition_ceiling(a, b), 5, 5, 5)
+
+
+def test_aligned_projections_score_one_over_sqrt_rank() -> None:
+    for r in (1, 4, 16):
+        p = FactoredMatrix(torch.eye(32, r, dtype=torch.float64), torch.eye(r, 32, dtype=torch.float64))
+        assert_rounding_close(composition_score(p, p), torch.tensor(r ** -0.5, dtype=torch.float64), 32)
+        assert_rounding_close(composition_ceiling(p, p), torch.tensor(r ** -0.5, dtype=torch.float64), 32)
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(TypeError):
+        composition_ceiling(torch.eye(3), fm(gen, 3, 1, 3))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="share n"):
+        composition_ceiling(fm(gen, 3, 1, 4), fm(gen, 3, 1, 3))
+
+
 def test_random_scores_concentrate_near_one_over_sqrt_d() -> None:
     c = random_composition_scores(64, 16, 200, torch.Generator().manual_seed(0))
     assert c.shape == (200,) and abs(c.mean().item() - 0.125) < 0.02
@@ -246,25 +306,21 @@ def test_composition_explorer_embeds_the_scores() -> None:
         composition_explorer(runs, (0.1, 0.2), default=(2, 0))
 
 
-# ---- retraining: the chapter's properties, from scratch ------------------------------------
-def test_a_retrained_run_grows_an_induction_circuit() -> None:
-    """One seed of the chapter's settings, 300 steps (the chapter's runs had 400): it learns the
-    task, both layer-1 heads are induction heads, exactly one layer-0 head is needed, and its
-    largest composition into layer 1 is K after a previous-token head, Q after a duplicate one."""
+# ---- retraining: a smaller model, from scratch ----------------------------------------------
+def test_a_smaller_retrained_model_grows_an_induction_head() -> None:
+    """A smaller model than the chapter's (d_model 16 instead of 32, 250 steps instead of 400,
+    learning rate 0.03) on the chapter's task, for seed 100, outside the shipped seeds 0-11.
+    In 7 of the 8 seeds 100-107 such a model learns the task in 250 steps (seed 107 does not yet);
+    the properties checked are the robust ones: accuracy far above chance and the order-blind
+    guess (about 0.2), a layer-1 head that is an induction head, and chance again without both
+    layer-1 heads. Which layer-0 mechanism a seed finds varies (the chapter counts them)."""
     torch.set_num_threads(1)
     s = CHAPTER_SETTINGS
     task = RepeatTask(s["n_vocab"], s["seq_len"], s["min_period"], s["max_period"])
-    runs = InductionRuns(task, s["d_model"], s["num_heads"], seeds=[4])
-    train_induction(runs, steps=300, batch_size=s["batch_size"], lr=s["lr"])
+    runs = InductionRuns(task, 16, 2, seeds=[100])
+    assert 100 not in s["seeds"]
+    train_induction(runs, steps=250, batch_size=s["batch_size"], lr=0.03)
     test = task.sample(256, torch.Generator().manual_seed(1))
-    assert ablation_accuracy(runs, test, [])[0] >= 0.95
+    assert ablation_accuracy(runs, test, [])[0] >= 0.8
     assert ablation_accuracy(runs, test, [(1, 0), (1, 1)])[0] <= 0.15
-    ps = pattern_scores(runs, test)
-    assert (ps["induction"][0, 1] >= 0.85).all()
-    drops = torch.stack([ablation_accuracy(runs, test, [(0, h)])[0] for h in range(2)])
-    first = int(drops.argmin())
-    assert drops[first] <= 0.35 and drops[1 - first] >= 0.9
-    kind = "K" if ps["previous"][0, 0, first] > ps["duplicate"][0, 0, first] else "Q"
-    scores = {k: composition_scores(runs.layer(0, 0), runs.layer(0, 1), k) for k in "QKV"}
-    best = max(scores, key=lambda k: scores[k].max().item())
-    assert best == kind and int(scores[best].max(1).values.argmax()) == first
+    assert pattern_scores(runs, test)["induction"][0, 1].max() >= 0.7

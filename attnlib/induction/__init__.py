@@ -3,7 +3,7 @@
 - :mod:`attnlib.induction.data`: the task, a block of random tokens repeated (:class:`RepeatTask`)
 - :mod:`attnlib.induction.model`: :class:`InductionRuns`, several seeds of a two-layer
   attention-only transformer trained as one batched model; :func:`train_induction`;
-  :func:`save_runs` / :func:`load_runs` (the chapter's five runs ship with the package)
+  :func:`save_runs` / :func:`load_runs` (the chapter's twelve runs ship with the package)
 - :mod:`attnlib.induction.heads`: finding heads by their attention patterns and by ablation
 - :mod:`attnlib.induction.composition`: Q-, K- and V-composition scores on
   :class:`attnlib.FactoredMatrix`
@@ -12,6 +12,7 @@
 
 from attnlib.induction.composition import (
     KINDS,
+    composition_ceiling,
     composition_score,
     composition_scores,
     frobenius,
@@ -24,13 +25,13 @@ from attnlib.induction.model import InductionRuns, load_runs, save_runs, train_i
 # The settings of the shipped runs (scripts/train_induction.py reads them).
 CHAPTER_SETTINGS: dict = {
     "n_vocab": 24, "seq_len": 20, "min_period": 4, "max_period": 10,
-    "d_model": 32, "num_heads": 2, "seeds": [0, 1, 2, 3, 4],
+    "d_model": 32, "num_heads": 2, "seeds": list(range(12)),
     "steps": 400, "batch_size": 32, "lr": 0.01,
 }
 
 __all__ = [
     "RepeatTask", "RepeatBatch", "InductionRuns", "train_induction", "save_runs", "load_runs",
     "PATTERNS", "pattern_masks", "pattern_scores", "ablation_accuracy",
-    "KINDS", "frobenius", "composition_score", "composition_scores", "random_composition_scores",
+    "KINDS", "frobenius", "composition_score", "composition_ceiling", "composition_scores", "random_composition_scores",
     "CHAPTER_SETTINGS",
 ]

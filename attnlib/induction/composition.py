@@ -16,8 +16,15 @@ The composition score of Elhage et al. (2021) measures how much of the product s
 .. math::
     C(A, B) = \frac{\lVert A B \rVert_F}{\lVert A \rVert_F\, \lVert B \rVert_F} \in [0, 1],
 
-1 when the row space of ``A``'s output lines up with what ``B`` reads, near 0 when they are
-orthogonal. TransformerLens (Nanda and Bloom, 2022) computes it on its ``FactoredMatrix``;
+0 when what ``A`` writes is orthogonal to what ``B`` reads. It reaches 1 only for aligned
+rank-1 matrices: two rank-``r`` projections onto the same space score :math:`1/\sqrt{r}`,
+and for given singular values :math:`a_1 \ge a_2 \ge \dots` of ``A`` and
+:math:`b_1 \ge b_2 \ge \dots` of ``B`` the best alignment scores (von Neumann's trace
+inequality, :func:`composition_ceiling`)
+
+.. math::
+    \max_{U \text{ orthogonal}} C(A U, B) = \frac{\sqrt{\sum_i a_i^2 b_i^2}}{\lVert A \rVert_F\, \lVert B \rVert_F} .
+ TransformerLens (Nanda and Bloom, 2022) computes it on its ``FactoredMatrix``;
 here it is computed on :class:`attnlib.FactoredMatrix` (chapter 4), through the factors: the
 product of two factored matrices stays factored, and its Frobenius norm is the root of the
 sum of its squared singular values, from an ``r x r`` problem.
@@ -33,7 +40,8 @@ from attnlib._core import check_positive_int, format_shape
 from attnlib.lowrank import FactoredMatrix, ov_circuit, qk_circuit
 from attnlib.multihead import MultiHeadAttention
 
-__all__ = ["frobenius", "composition_score", "composition_scores", "random_composition_scores", "KINDS"]
+__all__ = ["frobenius", "composition_score", "composition_ceiling", "composition_scores",
+           "random_composition_scores", "KINDS"]
 
 KINDS = ("Q", "K", "V")
 
@@ -61,6 +69,24 @@ def composition_score(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
     product = a @ b  # FactoredMatrix (..., m, p), inner dimension a.r
     assert isinstance(product, FactoredMatrix)
     return frobenius(product) / (frobenius(a) * frobenius(b))
+
+
+def composition_ceiling(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
+    r"""The largest score ``a`` ``(..., m, n)`` and ``b`` ``(..., n, p)`` can reach with their
+    own singular values, over every rotation :math:`U` of the space between them:
+    :math:`\max_U C(AU, B) = \sqrt{\sum_i a_i^2 b_i^2} / (\lVert A \rVert_F \lVert B \rVert_F)`,
+    both spectra sorted in decreasing order (the shorter padded with zeros); shape: the
+    broadcast batch. Reached when ``A``'s right singular vectors meet ``B``'s left ones in order."""
+    for name, m in (("a", a), ("b", b)):
+        if not isinstance(m, FactoredMatrix):
+            raise TypeError(f"{name} must be an attnlib.FactoredMatrix, got {type(m).__name__}")
+    if a.n != b.m:
+        raise ValueError(f"a (..., m, n) and b (..., n, p) must share n: a is {format_shape(a.shape)}, "
+                         f"b is {format_shape(b.shape)}")
+    sa, sb = a.singular_values, b.singular_values  # (..., r_a), (..., r_b), decreasing
+    k = min(sa.shape[-1], sb.shape[-1])
+    aligned = (sa[..., :k] * sb[..., :k]).square().sum(-1).sqrt()  # (...,)
+    return aligned / (frobenius(a) * frobenius(b))
 
 
 def composition_scores(layer0: MultiHeadAttention, layer1: MultiHeadAttention, kind: str) -> Tensor:

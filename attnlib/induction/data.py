@@ -88,3 +88,11 @@ class RepeatTask:
             raise ValueError(f"period must be a (B,) torch.long tensor, got {period.dtype} {format_shape(period)}")
         i = torch.arange(self.seq_len)[None, :]  # (1, T)
         return (i >= period[:, None]) & (i <= self.seq_len - 2)  # (B, T)
+
+    def block(self, period: Tensor) -> Tensor:
+        """``(B, seq_len)`` long: the block each position lies in, ``i // p`` (0 for the
+        first block, 1 for its first repeat, ...)."""
+        check_tensor("period", period)
+        if period.dim() != 1 or period.dtype != torch.long:
+            raise ValueError(f"period must be a (B,) torch.long tensor, got {period.dtype} {format_shape(period)}")
+        return torch.arange(self.seq_len)[None, :] // period[:, None]  # (B, T)

@@ -1,17 +1,19 @@
 r"""Finding the heads by what they do: attention-pattern scores and ablations (chapter 11).
 
-For one head's map :math:`A` ``(T, T)`` on a sequence :math:`t` with period ``p``, three
-shares of its attention, averaged over the positions ``i`` the repeat decides
-(:meth:`~attnlib.induction.RepeatTask.predictable`):
+For one head's map :math:`A` ``(T, T)`` on a sequence :math:`t` with period ``p``, shares
+of its attention, averaged over a set of query positions ``i`` (by default those the repeat
+decides, :meth:`~attnlib.induction.RepeatTask.predictable`):
 
 .. math::
     \text{previous} = A_{i,\,i-1}, \qquad
     \text{duplicate} = \sum_{j < i,\; t_j = t_i} A_{ij}, \qquad
-    \text{induction} = \sum_{1 \le j \le i,\; t_{j-1} = t_i} A_{ij} .
+    \text{induction} = \sum_{1 \le j \le i,\; t_{j-1} = t_i} A_{ij} ,
 
-A *previous-token* head puts its weight on the position just before; a *duplicate-token*
-head on the earlier occurrences of the current token; an *induction* head on the tokens
-that *followed* the earlier occurrences, which are the right answers (Olsson et al., 2022).
+and the share on the *first* (earliest) of the duplicate and induction positions alone, and
+on the latest induction position alone. A *previous-token* head puts its weight on the
+position just before; a *duplicate-token* head on earlier occurrences of the current token;
+an *induction* head on the tokens that *followed* earlier occurrences, the positions holding
+the answer (Olsson et al., 2022).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from attnlib.induction.model import N_LAYERS, InductionRuns
 
 __all__ = ["PATTERNS", "pattern_masks", "pattern_scores", "ablation_accuracy"]
 
-PATTERNS = ("previous", "duplicate", "induction")
+PATTERNS = ("previous", "duplicate", "first duplicate", "induction", "first induction", "latest induction")
 
 
 def pattern_masks(tokens: Tensor) -> dict[str, Tensor]:
     """The key positions each pattern counts, per query position: ``tokens`` ``(B, T)`` ->
-    ``{"previous", "duplicate", "induction"}``, each bool ``(B, T, T)`` (query, key)."""
+    a dict keyed by :data:`PATTERNS`, each bool ``(B, T, T)`` (query, key). "first ..." keeps
+    the earliest key of a row's set, "latest ..." the last one (no key where the set is empty)."""
     check_tensor("tokens", tokens)
     if tokens.dim() != 2 or tokens.dtype != torch.long:
         raise ValueError(f"tokens must be (B, T) torch.long ids, got {tokens.dtype} {format_shape(tokens)}")
@@ -41,23 +44,34 @@ def pattern_masks(tokens: Tensor) -> dict[str, Tensor]:
     same = tokens[:, :, None] == tokens[:, None, :]  # (B, T, T): t_i = t_j
     after = torch.zeros(B, T, T, dtype=torch.bool)
     after[:, :, 1:] = tokens[:, :, None] == tokens[:, None, :-1]  # t_{j-1} = t_i
+    duplicate = same & before  # (B, T, T)
+    induction = after & torch.ones(T, T, dtype=torch.bool).tril()  # (B, T, T): j <= i
     return {
         "previous": previous.expand(B, T, T),
-        "duplicate": same & before,
-        "induction": after & torch.ones(T, T, dtype=torch.bool).tril(),  # j <= i
+        "duplicate": duplicate,
+        "first duplicate": duplicate & (duplicate.cumsum(-1) == 1),
+        "induction": induction,
+        "first induction": induction & (induction.cumsum(-1) == 1),
+        "latest induction": induction & (induction.flip(-1).cumsum(-1).flip(-1) == 1),
     }
 
 
-def pattern_scores(runs: InductionRuns, batch: RepeatBatch) -> dict[str, Tensor]:
-    """Every head's three scores (see the module) on one shared ``batch``: each
-    ``(R, 2, h)`` (run, layer, head), float64."""
+def pattern_scores(runs: InductionRuns, batch: RepeatBatch, where: Tensor | None = None) -> dict[str, Tensor]:
+    """Every head's scores (see the module, one per :data:`PATTERNS`) on one shared ``batch``,
+    averaged over the query positions ``where`` (bool ``(B, seq_len)``; default: the
+    predictable ones): each ``(R, 2, h)`` (run, layer, head), float64."""
     if not isinstance(runs, InductionRuns):
         raise TypeError(f"runs must be an InductionRuns, got {type(runs).__name__}")
     tokens, period = batch
     R = runs.n_runs
+    if where is None:
+        where = runs.task.predictable(period)
+    elif check_tensor("where", where).dtype != torch.bool or where.shape != tokens.shape or not where.any():
+        raise ValueError(f"where must be a bool tensor of the tokens' shape {format_shape(tokens)} with a "
+                         f"True somewhere, got {where.dtype} {format_shape(where)}")
     with torch.no_grad():
         _, maps = runs(tokens.expand(R, -1, -1))  # per layer (R, B, h, T, T)
-    rows = runs.task.predictable(period).double()  # (B, T)
+    rows = where.double()  # (B, T)
     out = {}
     for name, mask in pattern_masks(tokens).items():
         per_layer = []

@@ -13,7 +13,7 @@ unembedding. No MLP, no layer norm, no biases: every head's effect is its two ci
 :math:`W^{QK} = W^Q {W^K}^\top` and :math:`W^{OV} = W^V W^O` (Elhage et al., 2021).
 
 :class:`InductionRuns` holds ``R`` such runs side by side, every weight with a leading
-``R`` axis, so that five seeds train in one computation (the idea of
+``R`` axis, so that many seeds train in one computation (the idea of
 :class:`attnlib.recall.RecallRuns`). Each layer of each run is an
 :class:`attnlib.MultiHeadAttention` without biases (:meth:`InductionRuns.layer` returns
 it), so chapter 4's :func:`attnlib.qk_circuit` and :func:`attnlib.ov_circuit` read it.
@@ -187,6 +187,7 @@ def train_induction(
 
     The loss minimised is the sum of the runs' losses, so each run's gradient is its own;
     AdamW acts elementwise, so every run follows its own training, as if trained alone.
+    With the default ``weight_decay=0`` (the shipped runs) AdamW is plain Adam.
     Deterministic on one thread.
     """
     check_positive_int("steps", steps)
@@ -224,7 +225,7 @@ def save_runs(runs: InductionRuns, path: str | Path) -> None:
 
 
 def load_runs(path: str | Path | None = None) -> InductionRuns:
-    """The runs stored by :func:`save_runs` at ``path``; by default the five runs that
+    """The runs stored by :func:`save_runs` at ``path``; by default the twelve runs that
     ``scripts/train_induction.py`` trained, shipped with attnlib."""
     from safetensors import safe_open
     from safetensors.torch import load_file
