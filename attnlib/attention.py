@@ -25,7 +25,7 @@ from torch import Tensor
 
 from attnlib._core import check_mask, check_tensor, check_width, format_shape
 
-__all__ = ["masked_softmax", "attention", "causal_mask"]
+__all__ = ["masked_softmax", "attention", "causal_mask", "check_qkv", "check_scale"]
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None, dim: int = -1) -> Tensor:

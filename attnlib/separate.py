@@ -79,7 +79,7 @@ class SeparateHeadsAttention(nn.Module):
         Raises:
             TypeError: ``mha`` is not a :class:`MultiHeadAttention`.
             ValueError: ``mha`` has RoPE or grouped keys/values (chapter 8), which this
-                plain layer does not have (:meth:`MultiHeadAttention.expand_kv_heads`
+                plain layer does not have (:meth:`attnlib.decoding.DecoderAttention.expand_kv_heads`
                 removes the grouping).
         """
         if not isinstance(mha, MultiHeadAttention):

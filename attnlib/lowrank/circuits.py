@@ -42,7 +42,7 @@ def qk_circuit(
 
     Raises ``ValueError`` for a module with RoPE (its scores are not
     :math:`x_i W_i^{QK} x_j^\top`) or with grouped keys/values (use
-    :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
+    :meth:`~attnlib.decoding.DecoderAttention.expand_kv_heads`).
     """
     i = _check_circuit_args(mha, head, "qk_circuit", QK_NEEDS_NO_ROPE)
     w_q = mha.w_q_heads.detach()  # (h, d_model, d_k)
@@ -62,7 +62,7 @@ def ov_circuit(
     With ``head=None``, all heads at once: batch ``(h,)``. Detached views of ``mha``'s
     weights; biases are not included. RoPE rotates queries and keys only, so with
     RoPE this is still the head's circuit; grouped keys/values raise ``ValueError``
-    (use :meth:`~attnlib.MultiHeadAttention.expand_kv_heads`).
+    (use :meth:`~attnlib.decoding.DecoderAttention.expand_kv_heads`).
     """
     i = _check_circuit_args(mha, head, "ov_circuit", None)
     w_v = mha.w_v_heads.detach()  # (h, d_model, d_v)
