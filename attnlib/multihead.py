@@ -385,8 +385,14 @@ class MultiHeadAttention(nn.Module):
 
 def __getattr__(name: str) -> Any:
     """``attnlib.multihead.SeparateHeadsAttention``, where it was defined before it got its
-    own module: imported on first use, so that this module imports nothing built on it."""
+    own module: imported on first use, so that this module imports nothing built on it, and
+    deprecated (it goes in the next release; import it from ``attnlib`` or ``attnlib.separate``)."""
     if name == "SeparateHeadsAttention":
+        warnings.warn(
+            "attnlib.multihead.SeparateHeadsAttention is now attnlib.separate.SeparateHeadsAttention "
+            "(also attnlib.SeparateHeadsAttention); the old path goes in the next release",
+            DeprecationWarning, stacklevel=2,
+        )
         from attnlib.separate import SeparateHeadsAttention
 
         return SeparateHeadsAttention

@@ -513,3 +513,14 @@ def test_attention_weights_is_a_deprecated_alias_of_projections() -> None:
         old = mha.attention_weights()
     new = mha.projections()
     assert all(torch.equal(getattr(old, n), getattr(new, n)) for n in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_o"))
+
+
+def test_separate_heads_at_its_old_path_is_a_deprecated_alias() -> None:
+    import attnlib.multihead
+    import attnlib.separate
+
+    with pytest.warns(DeprecationWarning, match=r"now attnlib\.separate\.SeparateHeadsAttention"):
+        old = attnlib.multihead.SeparateHeadsAttention
+    assert old is attnlib.separate.SeparateHeadsAttention is attnlib.SeparateHeadsAttention
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        attnlib.multihead.NoSuchThing  # noqa: B018
