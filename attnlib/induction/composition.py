@@ -54,18 +54,23 @@ def frobenius(m: FactoredMatrix) -> Tensor:
     return m.singular_values.square().sum(-1).sqrt()  # (...,)
 
 
-def composition_score(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
-    r""":math:`\lVert A B \rVert_F / (\lVert A \rVert_F \lVert B \rVert_F)` for ``a`` ``(..., m, n)``
-    and ``b`` ``(..., n, p)`` (batch dimensions broadcast); shape: the broadcast batch.
-
-    Between 0 and 1 (the Frobenius norm is submultiplicative); unchanged when ``a`` or ``b``
-    is scaled, and when an orthogonal ``U`` is put between them (``a U``, ``U^T b``)."""
+def _check_pair(a: FactoredMatrix, b: FactoredMatrix) -> None:
+    """Both factored, and ``a`` ``(..., m, n)`` composes with ``b`` ``(..., n, p)``."""
     for name, m in (("a", a), ("b", b)):
         if not isinstance(m, FactoredMatrix):
             raise TypeError(f"{name} must be an attnlib.FactoredMatrix, got {type(m).__name__}")
     if a.n != b.m:
         raise ValueError(f"a (..., m, n) and b (..., n, p) must share n: a is {format_shape(a.shape)}, "
                          f"b is {format_shape(b.shape)}")
+
+
+def composition_score(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
+    r""":math:`\lVert A B \rVert_F / (\lVert A \rVert_F \lVert B \rVert_F)` for ``a`` ``(..., m, n)``
+    and ``b`` ``(..., n, p)`` (batch dimensions broadcast); shape: the broadcast batch.
+
+    Between 0 and 1 (the Frobenius norm is submultiplicative); unchanged when ``a`` or ``b``
+    is scaled, and when an orthogonal ``U`` is put between them (``a U``, ``U^T b``)."""
+    _check_pair(a, b)
     product = a @ b  # FactoredMatrix (..., m, p), inner dimension a.r
     assert isinstance(product, FactoredMatrix)
     return frobenius(product) / (frobenius(a) * frobenius(b))
@@ -77,12 +82,7 @@ def composition_ceiling(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
     :math:`\max_U C(AU, B) = \sqrt{\sum_i a_i^2 b_i^2} / (\lVert A \rVert_F \lVert B \rVert_F)`,
     both spectra sorted in decreasing order (the shorter padded with zeros); shape: the
     broadcast batch. Reached when ``A``'s right singular vectors meet ``B``'s left ones in order."""
-    for name, m in (("a", a), ("b", b)):
-        if not isinstance(m, FactoredMatrix):
-            raise TypeError(f"{name} must be an attnlib.FactoredMatrix, got {type(m).__name__}")
-    if a.n != b.m:
-        raise ValueError(f"a (..., m, n) and b (..., n, p) must share n: a is {format_shape(a.shape)}, "
-                         f"b is {format_shape(b.shape)}")
+    _check_pair(a, b)
     sa, sb = a.singular_values, b.singular_values  # (..., r_a), (..., r_b), decreasing
     k = min(sa.shape[-1], sb.shape[-1])
     aligned = (sa[..., :k] * sb[..., :k]).square().sum(-1).sqrt()  # (...,)
