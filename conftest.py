@@ -56,9 +56,10 @@ def pytest_configure(config: pytest.Config) -> None:
 # longest first, so that no slow notebook is left to start last while the other workers
 # idle; the rest keep their collection order. The slowest files today, longest first:
 SLOWEST_FIRST = (
-    "tests/test_book_browser.py",  # about 60 s on one worker: first, beside the notebooks
+    "tests/test_book_browser.py",  # about 35 s on one worker: first, beside the notebooks
     "chapters/06_real_model.ipynb",
     "chapters/07_phone_book_learned.ipynb",
+    "chapters/11_two_heads_together.ipynb",
     "chapters/03_many_heads.ipynb",
     "chapters/05_fused_vs_separate.ipynb",
     "chapters/09_is_my_attention_right.ipynb",
