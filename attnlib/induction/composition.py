@@ -54,7 +54,7 @@ def frobenius(m: FactoredMatrix) -> Tensor:
     return m.singular_values.square().sum(-1).sqrt()  # (...,)
 
 
-def _check_pair(a: FactoredMatrix, b: FactoredMatrix) -> None:
+def _check_composable(a: FactoredMatrix, b: FactoredMatrix) -> None:
     """Both factored, and ``a`` ``(..., m, n)`` composes with ``b`` ``(..., n, p)``."""
     for name, m in (("a", a), ("b", b)):
         if not isinstance(m, FactoredMatrix):
@@ -70,7 +70,7 @@ def composition_score(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
 
     Between 0 and 1 (the Frobenius norm is submultiplicative); unchanged when ``a`` or ``b``
     is scaled, and when an orthogonal ``U`` is put between them (``a U``, ``U^T b``)."""
-    _check_pair(a, b)
+    _check_composable(a, b)
     product = a @ b  # FactoredMatrix (..., m, p), inner dimension a.r
     assert isinstance(product, FactoredMatrix)
     return frobenius(product) / (frobenius(a) * frobenius(b))
@@ -82,7 +82,7 @@ def composition_ceiling(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
     :math:`\max_U C(AU, B) = \sqrt{\sum_i a_i^2 b_i^2} / (\lVert A \rVert_F \lVert B \rVert_F)`,
     both spectra sorted in decreasing order (the shorter padded with zeros); shape: the
     broadcast batch. Reached when ``A``'s right singular vectors meet ``B``'s left ones in order."""
-    _check_pair(a, b)
+    _check_composable(a, b)
     sa, sb = a.singular_values, b.singular_values  # (..., r_a), (..., r_b), decreasing
     k = min(sa.shape[-1], sb.shape[-1])
     aligned = (sa[..., :k] * sb[..., :k]).square().sum(-1).sqrt()  # (...,)
