@@ -4,8 +4,8 @@ Every head's :math:`W_i^{QK} = W_i^Q {W_i^K}^\top` and :math:`W_i^{OV} = W_i^V W
 product (:mod:`attnlib.lowrank.circuits` builds them); this module knows nothing of attention.
 
 The idea (one object for a low-rank product, its SVD and rank through the factors) is
-TransformerLens's ``FactoredMatrix`` (Nanda and Bloom, 2022); this one is written anew, in the
-book's row-vector orientation.
+TransformerLens's ``FactoredMatrix`` (Nanda and Bloom, 2022), which uses the same row-vector
+layout; this one is written anew, with its SVD through thin QR decompositions of the factors.
 """
 
 from __future__ import annotations
