@@ -3,7 +3,8 @@
 The library behind the book. One module per idea, in the order of the chapters:
 
 - :mod:`attnlib.attention`: scaled dot-product attention, one query or many (ch. 1)
-- :mod:`attnlib.multihead`: per-head projections, fused (ch. 2-5)
+- :mod:`attnlib.multihead`: per-head projections, fused (ch. 2-5), and :func:`~attnlib.multihead.plain_view`,
+  which every tool for that layer asks first
 - :mod:`attnlib.separate`: the same layer as h separate heads (ch. 3, 5)
 - :mod:`attnlib.lowrank`: the factored products W_i^QK, W_i^OV: SVD, rank, costs, gauge (ch. 4)
 - :mod:`attnlib.interop`: other libraries' weight layouts, and mask conventions (ch. 5, 8)
@@ -19,13 +20,16 @@ The library behind the book. One module per idea, in the order of the chapters:
   its induction heads, ablations and composition scores (ch. 11)
 - :mod:`attnlib.plots`, :mod:`attnlib.explorers`: the book's figures, static and interactive
 
-Shared records and the one set of argument checks live in :mod:`attnlib._core`.
+Shared by every chapter: :mod:`attnlib.checks` (the argument checks and their one rule),
+:mod:`attnlib.records` (:class:`AttentionWeights`, a layer's projections) and
+:mod:`attnlib.rounding` (tolerances derived from the computation, not tuned).
 Orientation everywhere: row vectors, ``y = x @ W``, weights ``(d_in, d_out)``.
 Masks: boolean, ``True`` = may attend.
 """
 
 from attnlib import audit
-from attnlib._core import AttentionWeights, assert_rounding_close, rounding_tolerance
+from attnlib.records import AttentionWeights
+from attnlib.rounding import assert_rounding_close, rounding_tolerance
 from attnlib.attention import attention, masked_softmax
 from attnlib.audit import AuditReport, diagnose
 from attnlib.blockwise import Partial, blockwise_attention, merge, split_k_attention

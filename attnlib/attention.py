@@ -23,7 +23,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from attnlib._core import check_mask, check_tensor, check_width, format_shape
+from attnlib.checks import check_mask, check_tensor, check_width, format_shape
 
 __all__ = ["masked_softmax", "attention", "causal_mask", "check_qkv", "check_scale"]
 

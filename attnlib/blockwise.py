@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from attnlib._core import check_mask, check_positive_int, check_tensor, format_shape
+from attnlib.checks import check_mask, check_positive_int, check_tensor, format_shape
 from attnlib.attention import check_qkv, check_scale
 from attnlib.blockwise_bounds import gradient_rounding_bound, intermediate_bytes, rounding_bound
 

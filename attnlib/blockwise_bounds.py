@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from attnlib._core import check_positive_int, check_tensor, format_shape
+from attnlib.checks import check_positive_int, check_tensor, format_shape
 from attnlib.attention import attention
 
 __all__ = ["intermediate_bytes", "rounding_bound", "gradient_rounding_bound"]

@@ -41,11 +41,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlib._core import check_plain, check_tensor, format_shape
+from attnlib.checks import check_tensor, format_shape
 from attnlib.attention import attention
 from attnlib.blockwise import blockwise_attention
-from attnlib.lowrank import QK_NEEDS_NO_ROPE, FactoredMatrix, qk_circuit
-from attnlib.multihead import MultiHeadAttention
+from attnlib.lowrank import FactoredMatrix, qk_circuit
+from attnlib.multihead import MultiHeadAttention, plain_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -252,7 +252,9 @@ def head_explorer(
 
     Args:
         mhas: one :class:`MultiHeadAttention` per layer (same ``num_heads``, ``d_model``),
-            without RoPE or grouped keys/values (see :func:`attnlib.qk_circuit`).
+            each read through its plain view (:func:`attnlib.multihead.plain_view`, as
+            :func:`attnlib.qk_circuit` reads it): RoPE, ALiBi and latent attention are
+            refused, naming the feature.
         inputs: per layer, its input hidden states ``(B, n, d_model)``, in the dtype of
             that layer's weights.
         tokens: per sentence ``b < B``, its real tokens: ``t_b <= n`` of them, at
@@ -271,10 +273,7 @@ def head_explorer(
             f"mhas and inputs must be non-empty and of equal length (one per layer), "
             f"got {len(mhas)} and {len(inputs)}"
         )
-    for layer, m in enumerate(mhas):
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"mhas must hold attnlib.MultiHeadAttention, got {type(m).__name__}")
-        check_plain(m, f"head_explorer (mhas[{layer}])", QK_NEEDS_NO_ROPE)
+    mhas = [plain_view(m, f"mhas[{layer}]", f"head_explorer (mhas[{layer}])") for layer, m in enumerate(mhas)]
     h, d_model, d_k = mhas[0].num_heads, mhas[0].d_model, mhas[0].d_k
     if any((m.num_heads, m.d_model) != (h, d_model) for m in mhas):
         raise ValueError("mhas must all have the same num_heads and d_model")

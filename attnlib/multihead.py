@@ -13,28 +13,27 @@ with :math:`W_i^Q, W_i^K \in \mathbb{R}^{d_{model} \times d_k}`,
 side as one ``(d_model, d_model)`` matrix. The literal form, h independent small
 heads (:class:`~attnlib.separate.SeparateHeadsAttention`, chapters 3 and 5), builds on
 this module and lives in :mod:`attnlib.separate`.
+
+Every tool written for this plain layer (chapters 2-4: the circuits, the composition
+scores, the explorers, the conversions) asks the module it is given for its plain view,
+:func:`plain_view`, so that a later chapter's layer that computes something else (RoPE,
+ALiBi, latent attention) is refused by its type, with a message naming the feature.
 """
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlib._core import (
-    AttentionWeights,
-    check_attention_inputs,
-    check_heads,
-    check_index,
-    read_torch_mha,
-    write_torch_mha,
-)
 from attnlib.attention import masked_softmax
+from attnlib.checks import check_attention_inputs, check_heads, check_index
+from attnlib.interop.torch_mha import read_torch_mha, write_torch_mha
+from attnlib.records import AttentionWeights, plain_record, record_tensors
 
-__all__ = ["MultiHeadAttention", "SeparateHeadsAttention", "HeadWeights"]
+__all__ = ["MultiHeadAttention", "HeadWeights", "plain_view"]
 
 Device = torch.device | str | None  # what the constructors take as device= and dtype=
 DType = torch.dtype | None
@@ -78,30 +77,12 @@ class MultiHeadAttention(nn.Module):
     finite gradients, on both paths (:func:`attnlib.masked_softmax` on the explicit
     one; ``scaled_dot_product_attention`` gives zeros itself from torch 2.5 on).
 
-    This is the layer of chapters 2-5: one key and one value head per query head
-    (``num_kv_heads == num_heads``) and no positions (``rope_base is None``).
-    Chapter 8's decoder features, grouped keys and values, RoPE and the KV cache, are
-    a subclass, :class:`attnlib.decoding.DecoderAttention`. For code written before
-    the split, ``MultiHeadAttention(..., num_kv_heads=g, rope_base=b)`` still works: it
-    builds that subclass.
+    This is the layer of chapters 2-5, with no positions; chapter 8 extends it
+    (:class:`attnlib.decoding.DecoderAttention`: grouped keys and values, RoPE, the KV
+    cache).
 
     Initialisation: each weight matrix Xavier-uniform, biases zero.
     """
-
-    num_kv_heads: int  # key/value heads: num_heads here, fewer in DecoderAttention
-    rope_base: float | None  # RoPE's theta: None here (no positions)
-    # The decoder subclass, registered by attnlib.decoding (a later chapter) when it is
-    # imported, so that this module imports nothing of chapter 8.
-    _decoder_class: ClassVar[type["MultiHeadAttention"] | None] = None
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "MultiHeadAttention":
-        num_heads = kwargs.get("num_heads", args[1] if len(args) > 1 else None)
-        wants_decoder = kwargs.get("rope_base") is not None or kwargs.get("num_kv_heads") not in (None, num_heads)
-        if cls is MultiHeadAttention and wants_decoder:
-            if MultiHeadAttention._decoder_class is None:
-                raise TypeError("num_kv_heads and rope_base need attnlib.decoding.DecoderAttention: import attnlib")
-            cls = MultiHeadAttention._decoder_class
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -109,8 +90,6 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         bias: bool = True,
         *,
-        num_kv_heads: int | None = None,
-        rope_base: float | None = None,
         device: Device = None,
         dtype: DType = None,
     ) -> None:
@@ -118,16 +97,14 @@ class MultiHeadAttention(nn.Module):
         self.d_k = check_heads(d_model, num_heads)
         self.d_model = d_model
         self.num_heads = num_heads
-        self.num_kv_heads, self.rope_base = self._check_decoder_options(num_kv_heads, rope_base)
-        d_kv = self.num_kv_heads * self.d_k  # = d_model unless grouped
         self.w_q = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
-        self.w_k = nn.Parameter(torch.empty(d_model, d_kv, device=device, dtype=dtype))  # (d_model, g*d_k)
-        self.w_v = nn.Parameter(torch.empty(d_model, d_kv, device=device, dtype=dtype))  # (d_model, g*d_v)
+        self.w_k = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
+        self.w_v = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_v)
         self.w_o = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (h*d_v, d_model)
         if bias:
             self.b_q = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
-            self.b_k = nn.Parameter(torch.empty(d_kv, device=device, dtype=dtype))
-            self.b_v = nn.Parameter(torch.empty(d_kv, device=device, dtype=dtype))
+            self.b_k = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
+            self.b_v = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
             self.b_o = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
         else:
             self.register_parameter("b_q", None)
@@ -136,16 +113,6 @@ class MultiHeadAttention(nn.Module):
             self.register_parameter("b_o", None)
         self.reset_parameters()
 
-    def _check_decoder_options(self, num_kv_heads: object, rope_base: object) -> tuple[int, float | None]:
-        """The plain layer: ``num_kv_heads`` None or ``num_heads``, ``rope_base`` None.
-        (:class:`~attnlib.decoding.DecoderAttention` overrides this.)"""
-        if num_kv_heads not in (None, self.num_heads) or rope_base is not None:
-            raise ValueError(
-                f"{type(self).__name__} is the plain layer (num_kv_heads = num_heads, no RoPE), got "
-                f"num_kv_heads={num_kv_heads!r}, rope_base={rope_base!r}: use attnlib.decoding.DecoderAttention"
-            )
-        return self.num_heads, None
-
     @property
     def d_v(self) -> int:
         return self.d_k
@@ -153,11 +120,6 @@ class MultiHeadAttention(nn.Module):
     @property
     def bias(self) -> bool:
         return self.b_q is not None
-
-    @property
-    def group_size(self) -> int:
-        """``h / g``: how many query heads share one key/value head (1 = plain MHA)."""
-        return self.num_heads // self.num_kv_heads
 
     @staticmethod
     def _project(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
@@ -173,16 +135,14 @@ class MultiHeadAttention(nn.Module):
                 nn.init.zeros_(b)
 
     # ---- per-head views -------------------------------------------------------
-    def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
-        """``(B, n, h*d_k)`` -> ``(B, h, n, d_k)``: head ``i`` gets columns ``i*d_k:(i+1)*d_k`` (a view).
-        ``heads`` (default ``h``): ``g`` for keys and values."""
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """``(B, n, heads*d_k)`` -> ``(B, heads, n, d_k)``: head ``i`` gets columns ``i*d_k:(i+1)*d_k`` (a view)."""
         B, n, _ = x.shape
-        heads = self.num_heads if heads is None else heads
-        return x.view(B, n, heads, self.d_k).transpose(1, 2)  # (B, heads, n, d_k)
+        return x.view(B, n, -1, self.d_k).transpose(1, 2)  # (B, heads, n, d_k)
 
-    def _split_columns(self, w: Tensor, heads: int | None = None) -> Tensor:
-        heads = self.num_heads if heads is None else heads
-        return w.view(self.d_model, heads, self.d_k).transpose(0, 1)  # (heads, d_model, d_k)
+    def _split_columns(self, w: Tensor) -> Tensor:
+        """``(d_model, heads*d_k)`` -> ``(heads, d_model, d_k)`` (a view)."""
+        return w.view(self.d_model, -1, self.d_k).transpose(0, 1)  # (heads, d_model, d_k)
 
     @property
     def w_q_heads(self) -> Tensor:
@@ -191,15 +151,13 @@ class MultiHeadAttention(nn.Module):
 
     @property
     def w_k_heads(self) -> Tensor:
-        """``(g, d_model, d_k)``: ``w_k_heads[j]`` is key/value group ``j``'s :math:`W^K`, a view
-        of ``w_k``; with ``g = h`` (the default) it is head ``j``'s :math:`W_j^K`."""
-        return self._split_columns(self.w_k, self.num_kv_heads)
+        """``(h, d_model, d_k)``: ``w_k_heads[i]`` is :math:`W_i^K`, a view of ``w_k``."""
+        return self._split_columns(self.w_k)
 
     @property
     def w_v_heads(self) -> Tensor:
-        """``(g, d_model, d_v)``: ``w_v_heads[j]`` is group ``j``'s :math:`W^V`, a view of ``w_v``
-        (head ``j``'s :math:`W_j^V` when ``g = h``)."""
-        return self._split_columns(self.w_v, self.num_kv_heads)
+        """``(h, d_model, d_v)``: ``w_v_heads[i]`` is :math:`W_i^V`, a view of ``w_v``."""
+        return self._split_columns(self.w_v)
 
     @property
     def w_o_heads(self) -> Tensor:
@@ -208,20 +166,17 @@ class MultiHeadAttention(nn.Module):
         return self.w_o.view(self.num_heads, self.d_v, self.d_model)
 
     def head(self, i: int) -> HeadWeights:
-        """Head ``i``'s weights as views into the fused parameters. Its key and value
-        blocks are those of its group ``i // (h / g)``, shared with the group's other heads."""
+        """Head ``i``'s weights as views into the fused parameters."""
         i = check_index("head", i, self.num_heads, f"num_heads={self.num_heads}")
         cols = slice(i * self.d_k, (i + 1) * self.d_k)
-        j = i // self.group_size  # the key/value group of head i
-        kv = slice(j * self.d_k, (j + 1) * self.d_k)
         return HeadWeights(
             w_q=self.w_q[:, cols],
-            w_k=self.w_k[:, kv],
-            w_v=self.w_v[:, kv],
+            w_k=self.w_k[:, cols],
+            w_v=self.w_v[:, cols],
             w_o=self.w_o[cols, :],
             b_q=None if self.b_q is None else self.b_q[cols],
-            b_k=None if self.b_k is None else self.b_k[kv],
-            b_v=None if self.b_v is None else self.b_v[kv],
+            b_k=None if self.b_k is None else self.b_k[cols],
+            b_v=None if self.b_v is None else self.b_v[cols],
         )
 
     # ---- forward: project, split, attend, merge, project --------------------------
@@ -266,21 +221,16 @@ class MultiHeadAttention(nn.Module):
         concat = heads.transpose(1, 2).reshape(B, n_q, h * d_v)  # (B, n_q, h*d_v)
         return self._project(concat, self.w_o, self.b_o)  # (B, n_q, d_model)
 
-    # ---- conversions --------------------------------------------------------------
-    def projections(self) -> AttentionWeights:
-        """The four projections and biases (detached copies), paper orientation.
+    # ---- the plain view and conversions ----------------------------------------------
+    def as_plain(self) -> MultiHeadAttention:
+        """The plain layer of chapters 2-4 that computes this module's function: the
+        module itself. Every class of attnlib says what plain view of itself it can give
+        (a later chapter's layer returns a plain copy, or raises, naming what the plain
+        layer lacks); :func:`plain_view` asks for it."""
+        return self
 
-        Raises:
-            ValueError: for grouped keys and values (``num_kv_heads != num_heads``), whose
-                ``w_k``, ``w_v`` are narrower than ``AttentionWeights`` holds; use
-                :meth:`~attnlib.decoding.DecoderAttention.grouped_weights`. (RoPE is not a
-                weight: the record leaves it out.)
-        """
-        if self.num_kv_heads != self.num_heads:
-            raise ValueError(
-                f"projections() holds (d_model, d_model) matrices, but this module has "
-                f"num_kv_heads={self.num_kv_heads} < num_heads={self.num_heads}; use grouped_weights()"
-            )
+    def projections(self) -> AttentionWeights:
+        """The four projections and biases (detached copies), paper orientation."""
 
         def c(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.detach().clone()
@@ -290,110 +240,67 @@ class MultiHeadAttention(nn.Module):
             b_q=c(self.b_q), b_k=c(self.b_k), b_v=c(self.b_v), b_o=c(self.b_o),
         )
 
-    def attention_weights(self) -> AttentionWeights:
-        """Deprecated name of :meth:`projections` (which this calls): "weights" means the
-        softmax map everywhere else in the book. Kept for one release."""
-        warnings.warn(
-            "MultiHeadAttention.attention_weights() is now projections(); the old name goes in the next release",
-            DeprecationWarning, stacklevel=2,
-        )
-        return self.projections()
-
-    def _copy_from(self, weights: Any) -> None:
-        """Copy the four projections and biases of a record of the same shapes into this module."""
-        with torch.no_grad():
-            for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
-                src = getattr(weights, name)
-                if src is not None:
-                    getattr(self, name).copy_(src)
-
     @classmethod
-    def from_weights(cls, weights: Any, num_heads: int) -> "MultiHeadAttention":
+    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> Self:
         """A module holding copies of ``weights`` (paper orientation).
 
-        A record with grouped keys/values or RoPE (chapter 8's
-        :class:`~attnlib.decoding.GroupedAttentionWeights`, what ``grouped_weights()``
-        returns) keeps its ``num_kv_heads`` and ``rope_base``: the module is then a
-        :class:`~attnlib.decoding.DecoderAttention`, and ``num_heads`` must equal
-        ``weights.num_heads``.
-
         Raises:
-            TypeError: ``weights`` is neither record.
-            ValueError: ``num_heads`` differs from a grouped record's own.
+            TypeError: ``weights`` is not an :class:`~attnlib.AttentionWeights`, or is the
+                record of a layer that adds more than weights (ALiBi), named by
+                ``weights.as_plain()``.
         """
-        if hasattr(weights, "num_kv_heads"):  # a GroupedAttentionWeights (chapter 8)
-            if num_heads != weights.num_heads:
-                raise ValueError(
-                    f"num_heads={num_heads!r} does not match the GroupedAttentionWeights' "
-                    f"num_heads={weights.num_heads}"
-                )
-            return cls.from_grouped_weights(weights)
-        if not isinstance(weights, AttentionWeights):
-            raise TypeError(
-                f"weights must be an AttentionWeights or GroupedAttentionWeights, got {type(weights).__name__}"
-            )
-        mha = cls(weights.d_model, num_heads, bias=weights.bias, device=weights.w_q.device, dtype=weights.w_q.dtype)
-        mha._copy_from(weights)
-        return mha
+        weights = plain_record(weights)
+        layer = cls(weights.d_model, num_heads, bias=weights.bias, device=weights.w_q.device, dtype=weights.w_q.dtype)
+        layer.load_state_dict(record_tensors(weights))  # copies, checked against the shapes
+        return layer
 
     @classmethod
-    def from_grouped_weights(cls, weights: Any) -> "MultiHeadAttention":
-        """Chapter 8's :meth:`attnlib.decoding.DecoderAttention.from_grouped_weights`
-        (a module with the record's heads, groups and RoPE), reachable from here."""
-        decoder = MultiHeadAttention._decoder_class
-        if decoder is None:  # pragma: no cover - attnlib/__init__ imports attnlib.decoding
-            raise TypeError("grouped weights need attnlib.decoding: import attnlib")
-        return decoder.from_grouped_weights(weights)
-
-    @classmethod
-    def from_torch(
-        cls, m: nn.MultiheadAttention, *, num_kv_heads: int | None = None, rope_base: float | None = None
-    ) -> "MultiHeadAttention":
+    def from_torch(cls, m: nn.MultiheadAttention) -> Self:
         """The same function as ``m`` (batch-first inputs; ``m`` in eval mode, since
-        attnlib has no dropout). Weights are copied and transposed to ``x @ W``.
-
-        Raises:
-            ValueError: ``num_kv_heads`` other than ``m.num_heads``, or a ``rope_base``:
-                ``nn.MultiheadAttention`` has neither grouped keys nor RoPE.
-        """
-        h = getattr(m, "num_heads", None)
-        if (num_kv_heads is not None and num_kv_heads != h) or rope_base is not None:
-            raise ValueError(
-                f"torch.nn.MultiheadAttention has no grouped keys/values and no RoPE: from_torch "
-                f"needs num_kv_heads=None (or num_heads={h}) and rope_base=None, got "
-                f"num_kv_heads={num_kv_heads!r}, rope_base={rope_base!r}"
-            )
+        attnlib has no dropout). Weights are copied and transposed to ``x @ W``
+        (:func:`attnlib.interop.read_torch_mha`)."""
         return cls.from_weights(read_torch_mha(m), m.num_heads)
 
     def to_torch(self) -> nn.MultiheadAttention:
-        """A ``torch.nn.MultiheadAttention(batch_first=True)`` computing the same function.
-
-        Raises:
-            ValueError: when ``num_kv_heads != num_heads`` or RoPE is on: torch's module
-                has neither (``expand_kv_heads()`` removes the grouping).
-        """
-        if self.num_kv_heads != self.num_heads or self.rope_base is not None:
-            raise ValueError(
-                f"torch.nn.MultiheadAttention has no grouped keys/values and no RoPE; this module has "
-                f"num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}, rope_base={self.rope_base}"
-            )
-        return write_torch_mha(self.projections(), self.num_heads, batch_first=True)
+        """A ``torch.nn.MultiheadAttention(batch_first=True)`` computing the same function,
+        built from :func:`plain_view` (a layer torch's module cannot compute is refused)."""
+        plain = plain_view(self, "self", "to_torch")
+        return write_torch_mha(plain.projections(), plain.num_heads, batch_first=True)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, bias={self.bias}"
 
 
-def __getattr__(name: str) -> Any:
-    """``attnlib.multihead.SeparateHeadsAttention``, where it was defined before it got its
-    own module: imported on first use, so that this module imports nothing built on it, and
-    deprecated (it goes in the next release; import it from ``attnlib`` or ``attnlib.separate``)."""
-    if name == "SeparateHeadsAttention":
-        warnings.warn(
-            "attnlib.multihead.SeparateHeadsAttention is now attnlib.separate.SeparateHeadsAttention "
-            "(also attnlib.SeparateHeadsAttention); the old path goes in the next release",
-            DeprecationWarning, stacklevel=2,
-        )
-        from attnlib.separate import SeparateHeadsAttention
+def plain_view(module: object, name: str, user: str) -> MultiHeadAttention:
+    """The plain layer of chapters 2-4 that ``module`` computes, asked of its class:
+    what every tool written for that layer calls first (``user`` names the tool, ``name``
+    its argument).
 
-        return SeparateHeadsAttention
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    ``module.as_plain()``: a :class:`MultiHeadAttention` returns itself; chapter 8's
+    decoder layer without RoPE a plain copy with its key/value groups written out; a
+    layer that computes something the plain layer cannot (RoPE, ALiBi, latent
+    attention) raises, naming it. A subclass that does not define its own ``as_plain``
+    is refused: it may change what the layer computes, and has not said that it does not.
+
+    Raises:
+        TypeError: ``module``'s class has no ``as_plain`` (it is not an attention layer of
+            attnlib), inherits it without defining its own, or refuses by its type (ALiBi,
+            latent attention).
+        ValueError: ``module`` refuses by a value of its own (``rope_base``).
+    """
+    kind = type(module)
+    if not callable(getattr(kind, "as_plain", None)):
+        raise TypeError(f"{name} must be an attnlib.MultiHeadAttention, got {kind.__name__}")
+    if "as_plain" not in vars(kind):
+        raise TypeError(
+            f"{user} cannot read {kind.__name__}: it inherits as_plain() without defining its own, so it "
+            f"does not say whether it computes the plain layer's function (a subclass may add positions, "
+            f"groups or a bias); define {kind.__name__}.as_plain()"
+        )
+    try:
+        plain: Any = module.as_plain()  # type: ignore[attr-defined]
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{user}: {error}") from error
+    if not isinstance(plain, MultiHeadAttention):
+        raise TypeError(f"{kind.__name__}.as_plain() must return an attnlib.MultiHeadAttention, got {type(plain).__name__}")
+    return plain

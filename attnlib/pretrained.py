@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlib._core import check_index, check_tensor, format_shape
+from attnlib.checks import check_index, check_tensor, format_shape
 from attnlib.interop.layouts import read_separate_linear
 from attnlib.multihead import MultiHeadAttention
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlib._core import AttentionWeights, check_attention_inputs, check_plain
+from attnlib.checks import check_attention_inputs
+from attnlib.records import AttentionWeights
 from attnlib.attention import attention
-from attnlib.multihead import Device, DType, MultiHeadAttention
+from attnlib.multihead import Device, DType, MultiHeadAttention, plain_view
 
 __all__ = ["SeparateHeadsAttention"]
 
@@ -76,22 +77,25 @@ class SeparateHeadsAttention(nn.Module):
     def from_fused(cls, mha: MultiHeadAttention) -> "SeparateHeadsAttention":
         """h small heads holding copies of ``mha``'s per-head blocks.
 
+        ``mha`` is read through its plain view (:func:`attnlib.multihead.plain_view`): a
+        layer with grouped keys/values gives its heads with the groups written out; one
+        that computes more than the plain layer (RoPE, ALiBi) is refused, naming it.
+
         Raises:
-            TypeError: ``mha`` is not a :class:`MultiHeadAttention`.
-            ValueError: ``mha`` has RoPE or grouped keys/values (chapter 8), which this
-                plain layer does not have (:meth:`attnlib.decoding.DecoderAttention.expand_kv_heads`
-                removes the grouping).
+            TypeError: ``mha`` is not an attention layer of attnlib, or its type has no
+                plain view (ALiBi, latent attention).
+            ValueError: ``mha`` has RoPE.
         """
-        if not isinstance(mha, MultiHeadAttention):
-            raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
-        check_plain(
-            mha, "SeparateHeadsAttention (the plain layer of chapters 3-5)",
-            "it has no rotation to copy; build the MultiHeadAttention without rope_base to compare the two",
-        )
+        plain = plain_view(mha, "mha", "SeparateHeadsAttention.from_fused")
         # built on the meta device (no memory, no random numbers drawn), then filled
-        sep = cls(mha.d_model, mha.num_heads, bias=mha.bias, device="meta", dtype=mha.w_q.dtype)
-        sep._load(mha)
+        sep = cls(plain.d_model, plain.num_heads, bias=plain.bias, device="meta", dtype=plain.w_q.dtype)
+        sep._load(plain)
         return sep
+
+    def as_plain(self) -> MultiHeadAttention:
+        """The plain view (see :func:`attnlib.multihead.plain_view`): :meth:`to_fused`, the
+        same function as one fused :class:`MultiHeadAttention` (a copy)."""
+        return self.to_fused()
 
     def to_fused(self) -> MultiHeadAttention:
         """The per-head blocks placed side by side again, as a :class:`MultiHeadAttention`."""

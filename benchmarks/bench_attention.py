@@ -385,11 +385,11 @@ def decoding_variants(
     d: int, h: int, device: torch.device, dtype: torch.dtype, d_c: int, d_r: int
 ) -> dict[str, tuple[nn.Module, dict[str, object]]]:
     """name -> (module, facts): MHA, GQA (g = h/4), MQA (g = 1), MLA naive and absorbed."""
-    from attnlib import LatentAttention
+    from attnlib import DecoderAttention, LatentAttention
 
     out: dict[str, tuple[nn.Module, dict[str, object]]] = {}
     for name, g in (("mha", h), ("gqa", max(1, h // 4)), ("mqa", 1)):
-        m = MultiHeadAttention(d, h, bias=False, num_kv_heads=g, rope_base=10000.0, device=device, dtype=dtype)
+        m = DecoderAttention(d, h, bias=False, num_kv_heads=g, rope_base=10000.0, device=device, dtype=dtype)
         out[name] = (m.eval(), {"num_kv_heads": g, "d_c": "", "d_r": ""})
     mla = LatentAttention(d, h, d_c, d_r, device=device, dtype=dtype).eval()
     for name, absorb in (("mla_naive", False), ("mla_absorbed", True)):
@@ -413,7 +413,7 @@ def time_decoding(
     each one call after a warm-up, with ``threads`` torch threads (:func:`timed_once`). A
     step reads a cache prefilled with ``n_ctx`` positions (untimed, afresh for the timed
     call), a prefill starts from an empty cache."""
-    from attnlib import KVCache, LatentAttention, LatentCache
+    from attnlib import DecoderAttention, KVCache, LatentAttention, LatentCache
 
     torch.manual_seed(seed)
     variants = decoding_variants(d, h, device, dtype, d_c, d_r)
@@ -436,7 +436,7 @@ def time_decoding(
         tol = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
         for name in ("gqa", "mqa"):
             grouped = variants[name][0]
-            assert isinstance(grouped, MultiHeadAttention)
+            assert isinstance(grouped, DecoderAttention)
             plain = grouped.expand_kv_heads()
             cache = KVCache()
             plain(prompt, prompt, prompt, need_weights=False, cache=cache)

@@ -74,7 +74,7 @@ class CachedDecoder(nn.Module):
         return self.o_proj(out), (cache_k, cache_v)
 
     def reference(self) -> MultiHeadAttention:
-        return MultiHeadAttention.from_grouped_weights(read_llama(self, num_heads=self.heads, rope_base=self.theta))
+        return DecoderAttention.from_grouped_weights(read_llama(self, num_heads=self.heads, rope_base=self.theta))
 
 
 def build(bug: str = "", seed: int = 0, **kw: object) -> tuple[CachedDecoder, MultiHeadAttention]:
@@ -91,7 +91,7 @@ def test_right_decoder_passes() -> None:
 
 def test_attnlib_kv_cache_passes() -> None:
     torch.manual_seed(0)
-    mha = MultiHeadAttention(24, 4, num_kv_heads=2, rope_base=100.0)
+    mha = DecoderAttention(24, 4, num_kv_heads=2, rope_base=100.0)
 
     def step(x: Tensor, cache: KVCache | None) -> tuple[Tensor, KVCache]:
         cache = KVCache() if cache is None else cache

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from attnlib import MultiHeadAttention
+from attnlib import DecoderAttention, MultiHeadAttention
 from attnlib.audit import BUGS, BUGS_BY_NAME, diagnose, planted
 from attnlib.interop import read_llama, read_packed_linear, read_separate_linear
 
@@ -283,7 +283,7 @@ class Llamaish(nn.Module):
 
     def reference(self) -> MultiHeadAttention:
         w = read_llama(self, num_heads=self.heads, rope_base=self.theta)
-        return MultiHeadAttention.from_grouped_weights(w)
+        return DecoderAttention.from_grouped_weights(w)
 
 
 # ---- which module plants which bug ------------------------------------------------------------
@@ -491,7 +491,7 @@ def test_grouped_and_rotary_references_do_not_crash_a_plain_module() -> None:
     report = diagnose(module, ref, causal=True)
     assert report.ok
     torch.manual_seed(0)
-    book = MultiHeadAttention(24, 4, num_kv_heads=2, rope_base=100.0)  # the book's own layer
+    book = DecoderAttention(24, 4, num_kv_heads=2, rope_base=100.0)  # the book's own layer
     assert diagnose(lambda x, m: book(x, x, x, mask=m)[0], book).ok
     assert diagnose(lambda x, c, m: book(x, c, c, mask=m)[0], book, cross=True).ok
     plain = MultiHeadAttention(24, 4)

@@ -1,4 +1,5 @@
-"""attnlib._core: the shared validators, AttentionWeights and its packing.
+"""The pieces every chapter shares: attnlib.checks (the validators), attnlib.records
+(AttentionWeights and its packing) and attnlib.rounding.
 
 One rule for every module: a wrong type raises TypeError (a bool is not an int),
 a wrong value ValueError, an index out of range IndexError.
@@ -12,18 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlib import FactoredMatrix, MultiHeadAttention, SeparateHeadsAttention, attention
-from attnlib._core import (
-    AttentionWeights,
-    Biases,
-    check_heads,
-    check_index,
-    check_mask,
-    check_positive_int,
-    check_tensor,
-    format_shape,
-    pack_qkv,
-    split_qkv,
-)
+from attnlib.checks import check_heads, check_index, check_mask, check_positive_int, check_tensor, format_shape
+from attnlib.records import AttentionWeights, Biases, pack_qkv, split_qkv
 from attnlib.lowrank import qk_circuit
 from strategies import examples
 

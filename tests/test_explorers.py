@@ -18,7 +18,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra.numpy import arrays  # noqa: E402
 
-from attnlib import MultiHeadAttention, attention  # noqa: E402
+from attnlib import DecoderAttention, MultiHeadAttention, attention  # noqa: E402
 from attnlib.explorers import (  # noqa: E402
     Explorer,
     from_rounded,
@@ -238,15 +238,14 @@ def test_head_explorer_rejects_bad_input() -> None:
         head_explorer(mhas, xs, toks, default=(0, 2))
 
 
-def test_head_explorer_refuses_rope_groups_and_mixed_dtypes_up_front() -> None:
+def test_head_explorer_reads_the_plain_view_and_refuses_mixed_dtypes_up_front() -> None:
+    """RoPE is refused by name, before anything is computed."""
     mhas, xs = _model()
     toks = [["a"], ["b"]]
-    rope = MultiHeadAttention(16, 2, rope_base=10000.0).double()
-    with pytest.raises(ValueError, match=r"head_explorer \(mhas\[1\]\) is defined without RoPE.*position-dependent rotation"):
+    rope = DecoderAttention(16, 2, rope_base=10000.0).double()
+    with pytest.raises(ValueError, match=r"head_explorer \(mhas\[1\]\): DecoderAttention with RoPE .* has no plain view"):
         head_explorer([mhas[0], rope], xs, toks)
-    grouped = MultiHeadAttention(16, 2, num_kv_heads=1).double()
-    with pytest.raises(ValueError, match=r"num_kv_heads=1 < num_heads=2: pass mha.expand_kv_heads\(\)"):
-        head_explorer([grouped, mhas[1]], xs, toks)
+    # a grouped layer is read with its groups written out: tests/test_refusals.py
     with pytest.raises(ValueError, match=r"inputs\[1\] has dtype torch.float32 but mhas\[1\]'s weights have dtype torch.float64"):
         head_explorer(mhas, [xs[0], xs[1].float()], toks)
     with pytest.raises(ValueError, match=r"inputs\[0\] has dtype torch.float64 but mhas\[0\]'s weights have dtype torch.float32"):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlib import KVCache, MultiHeadAttention
+from attnlib import DecoderAttention, KVCache
 from attnlib.decoding import causal_mask
 from attnlib.interop import GroupedAttentionWeights, read_llama, write_llama
 
@@ -64,7 +64,7 @@ def test_llama_attention_outputs_and_weights_reproduced(kw: dict[str, object]) -
     attn = _llama(config)
     x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(1))
     out_hf, w_hf = _llama_causal(attn, config, x)
-    ours = MultiHeadAttention.from_grouped_weights(read_llama(attn))
+    ours = DecoderAttention.from_grouped_weights(read_llama(attn))
     assert ours.num_kv_heads == config.num_key_value_heads and ours.rope_base == 1000.0
     with torch.no_grad():
         out, w = ours(x, x, x, mask=causal_mask(7))
@@ -78,7 +78,7 @@ def test_llama_attention_reproduced_by_cached_decoding() -> None:
     attn = _llama(config, seed=3)
     x = torch.randn(1, 6, 32, generator=torch.Generator().manual_seed(2))
     out_hf, _ = _llama_causal(attn, config, x)
-    ours = MultiHeadAttention.from_grouped_weights(read_llama(attn))
+    ours = DecoderAttention.from_grouped_weights(read_llama(attn))
     cache = KVCache()
     with torch.no_grad():
         outs = [ours(x[:, :3], x[:, :3], x[:, :3], cache=cache)[0]]

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
+from attnlib.decoding import DecoderAttention
 from attnlib.lowrank import FactoredMatrix, FlopCount, fix_signs, ov_circuit, qk_circuit
 from attnlib.multihead import MultiHeadAttention
 from strategies import examples
@@ -329,20 +330,21 @@ def test_circuit_errors() -> None:
             circuit(mha, 1.0)  # type: ignore[arg-type]
 
 
-def test_circuits_refuse_rope_and_groups() -> None:
-    """W^QK is not the scores' matrix under RoPE; grouped modules have fewer key/value heads."""
-    rope = MultiHeadAttention(16, 4, rope_base=10000.0)
-    with pytest.raises(ValueError, match=r"qk_circuit is defined without RoPE, but this module has rope_base=10000: "
-                                         r"the W\^QK lens is only defined without RoPE's position-dependent rotation"):
-        qk_circuit(rope)
-    ov_circuit(rope)  # RoPE rotates queries and keys only: W^OV is unchanged
-    grouped = MultiHeadAttention(16, 4, num_kv_heads=2)
+def test_circuits_refuse_rope_and_read_groups_written_out() -> None:
+    """W^QK is not the scores' matrix under RoPE: refused, naming RoPE (ov_circuit too: every
+    chapter 2-4 tool reads the plain view). A grouped layer's heads are read with each group's
+    key and value blocks repeated for its heads: head i reads group i // (h/g)."""
+    rope = DecoderAttention(16, 4, rope_base=10000.0)
     for circuit in (qk_circuit, ov_circuit):
-        with pytest.raises(ValueError, match=r"num_kv_heads=2 < num_heads=4: pass mha.expand_kv_heads\(\)"):
-            circuit(grouped, 1)
-    plain = grouped.expand_kv_heads()
-    torch.testing.assert_close(qk_circuit(plain, 1).left, grouped.head(1).w_q, atol=0, rtol=0)
-    torch.testing.assert_close(qk_circuit(plain, 1).right, grouped.head(1).w_k.detach().T, atol=0, rtol=0)
+        with pytest.raises(ValueError, match=rf"{circuit.__name__}: DecoderAttention with RoPE \(rope_base=10000\) "
+                                             r"has no plain view: RoPE rotates queries and keys"):
+            circuit(rope)
+    grouped = DecoderAttention(16, 4, num_kv_heads=2)
+    for i in range(4):
+        torch.testing.assert_close(qk_circuit(grouped, i).left, grouped.head(i).w_q, atol=0, rtol=0)
+        torch.testing.assert_close(qk_circuit(grouped, i).right, grouped.head(i).w_k.detach().T, atol=0, rtol=0)
+        torch.testing.assert_close(ov_circuit(grouped, i).left, grouped.head(i).w_v, atol=0, rtol=0)
+    assert torch.equal(grouped.head(1).w_k, grouped.head(0).w_k)  # heads 0 and 1 share group 0
 
 
 # ---- fm @ x, and the SVD computed once ------------------------------------------------------

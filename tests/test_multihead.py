@@ -507,20 +507,20 @@ def test_from_torch_wrong_type() -> None:
         MultiHeadAttention.from_torch(nn.Linear(4, 4))  # type: ignore[arg-type]
 
 
-def test_attention_weights_is_a_deprecated_alias_of_projections() -> None:
-    mha = MultiHeadAttention(8, 2)
-    with pytest.warns(DeprecationWarning, match=r"attention_weights\(\) is now projections\(\)"):
-        old = mha.attention_weights()
-    new = mha.projections()
-    assert all(torch.equal(getattr(old, n), getattr(new, n)) for n in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_o"))
+def test_the_plain_layer_has_no_decoder_options_and_no_aliases() -> None:
+    """Chapter 3's class is the plain layer alone: no constructor that returns a subclass, no
+    decoder options, and no deprecated names (attnlib has had no release)."""
+    import warnings
 
-
-def test_separate_heads_at_its_old_path_is_a_deprecated_alias() -> None:
     import attnlib.multihead
-    import attnlib.separate
 
-    with pytest.warns(DeprecationWarning, match=r"now attnlib\.separate\.SeparateHeadsAttention"):
-        old = attnlib.multihead.SeparateHeadsAttention
-    assert old is attnlib.separate.SeparateHeadsAttention is attnlib.SeparateHeadsAttention
-    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
-        attnlib.multihead.NoSuchThing  # noqa: B018
+    for options in ({"num_kv_heads": 2}, {"num_kv_heads": 4}, {"rope_base": 100.0}):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{next(iter(options))}'"):
+            MultiHeadAttention(8, 4, **options)  # type: ignore[arg-type]
+    assert type(MultiHeadAttention(8, 4)) is MultiHeadAttention
+    assert not hasattr(MultiHeadAttention, "attention_weights") and "__new__" not in vars(MultiHeadAttention)
+    with pytest.raises(AttributeError, match="has no attribute 'SeparateHeadsAttention'"):
+        attnlib.multihead.SeparateHeadsAttention  # type: ignore[attr-defined]  # noqa: B018
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exec("from attnlib.multihead import *", {})  # fires no deprecation

@@ -329,77 +329,65 @@ def test_rope_needs_an_even_head_width() -> None:
         DecoderAttention(6, 2, rope_base=10000.0)
 
 
-def test_torch_conversions_refuse_groups_and_rope() -> None:
-    with pytest.raises(ValueError, match="num_kv_heads=2, num_heads=4"):
-        DecoderAttention(8, 4, num_kv_heads=2).to_torch()
-    with pytest.raises(ValueError, match="rope_base=10000"):
-        DecoderAttention(8, 4, rope_base=10000.0).to_torch()
-    m = nn.MultiheadAttention(8, 4, batch_first=True)
-    with pytest.raises(ValueError, match="no grouped keys/values and no RoPE"):
-        MultiHeadAttention.from_torch(m, num_kv_heads=2)
-    with pytest.raises(ValueError, match="no grouped keys/values and no RoPE"):
-        MultiHeadAttention.from_torch(m, rope_base=10000.0)
-    assert MultiHeadAttention.from_torch(m, num_kv_heads=4).num_kv_heads == 4
-    with pytest.raises(ValueError, match="use grouped_weights"):
-        DecoderAttention(8, 4, num_kv_heads=2).projections()
-    with pytest.raises(TypeError, match="GroupedAttentionWeights"):
-        MultiHeadAttention.from_grouped_weights(DecoderAttention(8, 4).projections())  # type: ignore[arg-type]
-
-
-def test_separate_heads_refuse_rope_and_groups() -> None:
-    """SeparateHeadsAttention has neither: copying the weights alone would compute another function."""
-    with pytest.raises(ValueError, match=r"SeparateHeadsAttention \(the plain layer of chapters 3-5\) is defined without RoPE, but this module has rope_base=10000"):
-        SeparateHeadsAttention.from_fused(DecoderAttention(8, 2, rope_base=10000.0))
+def test_torch_conversions_read_the_plain_view() -> None:
+    """to_torch writes a grouped layer out (its plain view); RoPE is refused by name. A grouped
+    or rotary layer's projections() would drop what it adds: refused, pointing to grouped_weights()."""
+    x = torch.randn(2, 5, 8, dtype=DTYPE)
     grouped = DecoderAttention(8, 4, num_kv_heads=2, dtype=DTYPE)
-    with pytest.raises(ValueError, match=r"num_kv_heads=2 < num_heads=4: pass mha.expand_kv_heads\(\)"):
-        SeparateHeadsAttention.from_fused(grouped)
+    torch.testing.assert_close(grouped.to_torch()(x, x, x, need_weights=False)[0], grouped(x, x, x)[0], **TOL)
+    with pytest.raises(ValueError, match=r"to_torch: DecoderAttention with RoPE \(rope_base=10000\) has no plain view"):
+        DecoderAttention(8, 4, rope_base=10000.0).to_torch()
+    for layer in (grouped, DecoderAttention(8, 4, rope_base=10000.0)):
+        with pytest.raises(ValueError, match="projections.. is the plain layer's record.*use grouped_weights"):
+            layer.projections()
+    m = nn.MultiheadAttention(8, 4, batch_first=True)
+    assert type(DecoderAttention.from_torch(m)) is DecoderAttention
+    with pytest.raises(TypeError, match="weights must be an attnlib.AttentionWeights, got GroupedAttentionWeights"):
+        MultiHeadAttention.from_weights(grouped.grouped_weights(), 4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="GroupedAttentionWeights"):
+        DecoderAttention.from_grouped_weights(DecoderAttention(8, 4).projections())  # type: ignore[arg-type]
+
+
+def test_separate_heads_read_the_plain_view() -> None:
+    """SeparateHeadsAttention has neither RoPE nor groups: RoPE is refused by name, and a
+    grouped layer is copied with its groups written out (the same function)."""
+    with pytest.raises(ValueError, match=r"SeparateHeadsAttention.from_fused: DecoderAttention with RoPE "
+                                         r"\(rope_base=10000\) has no plain view"):
+        SeparateHeadsAttention.from_fused(DecoderAttention(8, 2, rope_base=10000.0))
     with pytest.raises(TypeError, match="mha must be an attnlib.MultiHeadAttention, got Linear"):
         SeparateHeadsAttention.from_fused(nn.Linear(8, 8))  # type: ignore[arg-type]
+    grouped = DecoderAttention(8, 4, num_kv_heads=2, dtype=DTYPE)
     x = torch.randn(2, 3, 8, dtype=DTYPE)
-    sep = SeparateHeadsAttention.from_fused(grouped.expand_kv_heads())  # the way the message gives
+    sep = SeparateHeadsAttention.from_fused(grouped)
     torch.testing.assert_close(sep(x, x, x)[0], grouped(x, x, x)[0], **TOL)
 
 
-def test_from_weights_keeps_groups_and_rope_of_grouped_weights() -> None:
-    """from_weights(mha.grouped_weights(), h) rebuilds the same function, RoPE and groups included."""
-    mha = DecoderAttention(12, 6, num_kv_heads=3, rope_base=1000.0, dtype=DTYPE)
-    again = MultiHeadAttention.from_weights(mha.grouped_weights(), 6)
-    assert (again.num_heads, again.num_kv_heads, again.rope_base) == (6, 3, 1000.0)
-    x = torch.randn(2, 5, 12, dtype=DTYPE)
-    torch.testing.assert_close(again(x, x, x)[0], mha(x, x, x)[0], **TOL)
-    rope_only = DecoderAttention(8, 2, rope_base=10.0, dtype=DTYPE)
-    assert MultiHeadAttention.from_weights(rope_only.grouped_weights(), 2).rope_base == 10.0
-    with pytest.raises(ValueError, match=r"num_heads=3 does not match the GroupedAttentionWeights' num_heads=6"):
-        MultiHeadAttention.from_weights(mha.grouped_weights(), 3)
-    with pytest.raises(TypeError, match="weights must be an AttentionWeights or GroupedAttentionWeights, got dict"):
-        MultiHeadAttention.from_weights({}, 6)  # type: ignore[arg-type]
+def test_as_plain_of_a_grouped_layer_is_the_plain_class_with_the_groups_written_out() -> None:
+    grouped = DecoderAttention(12, 6, num_kv_heads=2, dtype=DTYPE)
+    plain = grouped.as_plain()
+    assert type(plain) is MultiHeadAttention and plain.w_k.shape == (12, 12)
+    x = torch.randn(2, 4, 12, dtype=DTYPE)
+    mask = causal_mask(4)
+    torch.testing.assert_close(plain(x, x, x, mask=mask)[0], grouped(x, x, x, mask=mask)[0], **TOL)
+    expanded = grouped.expand_kv_heads()
+    assert all(torch.equal(getattr(plain, n), getattr(expanded, n)) for n, _ in plain.named_parameters())
 
 
 def test_grouped_weights_round_trip() -> None:
     mha = DecoderAttention(12, 6, num_kv_heads=3, rope_base=1000.0)
-    again = MultiHeadAttention.from_grouped_weights(mha.grouped_weights())
+    again = DecoderAttention.from_grouped_weights(mha.grouped_weights())
     assert (again.num_heads, again.num_kv_heads, again.rope_base) == (6, 3, 1000.0)
     for name, p in mha.named_parameters():
         torch.testing.assert_close(getattr(again, name), p, atol=0, rtol=0)
 
 
-def test_the_plain_class_with_decoder_options_builds_the_decoder_subclass() -> None:
-    """Code written before the split: MultiHeadAttention(..., num_kv_heads, rope_base)."""
-    gqa = MultiHeadAttention(8, 4, num_kv_heads=2, rope_base=100.0)
-    assert type(gqa) is DecoderAttention and isinstance(gqa, MultiHeadAttention)
-    assert (gqa.num_kv_heads, gqa.rope_base) == (2, 100.0)
-    plain = MultiHeadAttention(8, 4, num_kv_heads=4)  # one key/value head per query head
-    assert type(plain) is MultiHeadAttention and plain.rope_base is None
-    with pytest.raises(TypeError, match="unexpected keyword argument 'cache'"):
-        plain(torch.randn(1, 2, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8), cache=KVCache())  # type: ignore[call-arg]
-
-
-def test_a_subclass_of_the_plain_class_refuses_decoder_options() -> None:
-    class Mine(MultiHeadAttention):
-        pass
-
-    with pytest.raises(ValueError, match="plain layer .* use attnlib.decoding.DecoderAttention"):
-        Mine(8, 4, num_kv_heads=2)
+def test_the_decoder_layer_is_built_as_itself() -> None:
+    """DecoderAttention(...) is the decoder layer whatever its options; the plain class takes none
+    (tests/test_multihead.py); a whole-number float is not a count of heads."""
+    for kw in ({}, {"num_kv_heads": 4}, {"num_kv_heads": 2, "rope_base": 100.0}):
+        assert type(DecoderAttention(8, 4, **kw)) is DecoderAttention  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="num_kv_heads must be a positive int, got float 4.0"):
+        DecoderAttention(8, 4, num_kv_heads=4.0)  # type: ignore[arg-type]
 
 
 def test_decoder_attention_without_options_equals_the_plain_layer() -> None:

@@ -1,4 +1,4 @@
-"""attnlib.decoding.positions and attnlib.interop.bloom: positions seen through W_QK (chapter 8).
+"""attnlib.decoding.positions and attnlib.decoding.bloom: positions seen through W_QK (chapter 8).
 
 Additive positions: the four score terms add up to the score of x + p (to a derived
 bound); the sinusoids follow Vaswani et al.'s formula. RoPE: the merged matrix between a

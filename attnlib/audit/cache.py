@@ -235,7 +235,7 @@ def diagnose_cache(
 
         errors = errors_of(_CacheRecipe())
         ok = max(errors.values()) <= rtol
-        grouped, rope = reference.num_kv_heads < reference.num_heads, reference.rope_base is not None
+        grouped, rope = w64.num_kv_heads < w64.num_heads, w64.rope_base is not None
         active = [b for b in _CACHE_CATALOGUE
                   if b.needs <= {n for n, on in (("grouped", grouped), ("rope", rope)) if on}]
 

@@ -21,10 +21,10 @@ from torch import Tensor
 from attnlib.attention import masked_softmax
 from attnlib.audit.catalogue import BUGS, BUGS_BY_NAME, Recipe, can_plant_together
 from attnlib.audit.checks import check_flags, check_reference
-from attnlib.decoding import apply_rope, rope_angles, rotate_half
+from attnlib.decoding import DecoderAttention, apply_rope, rope_angles, rotate_half
 from attnlib.multihead import MultiHeadAttention
 
-__all__ = ["CONVENTIONS", "Forward", "ReferenceParams", "modes_of", "planted", "run_recipe"]
+__all__ = ["CONVENTIONS", "Forward", "ReferenceParams", "decoder_options", "modes_of", "planted", "run_recipe"]
 
 Forward = Callable[..., Tensor]
 """A learner's layer: ``forward(x, mask) -> out`` (``forward(x, context, mask)`` for
@@ -56,11 +56,20 @@ class ReferenceParams:
     def of(cls, ref: MultiHeadAttention, dtype: torch.dtype) -> ReferenceParams:
         w = {r: getattr(ref, f"w_{r}").detach().to(dtype) for r in "qkvo"}
         b = {r: _opt(getattr(ref, f"b_{r}"), dtype) for r in "qkvo"}
-        return cls(w, b, ref.num_heads, ref.num_kv_heads, ref.rope_base)
+        return cls(w, b, ref.num_heads, *decoder_options(ref))
 
     @property
     def d_k(self) -> int:
         return self.w["q"].shape[0] // self.num_heads
+
+
+def decoder_options(reference: MultiHeadAttention) -> tuple[int, float | None]:
+    """``(num_kv_heads, rope_base)`` of a reference: chapter 8's
+    :class:`~attnlib.decoding.DecoderAttention` has them; the plain layer has one key/value
+    head per query head and no RoPE."""
+    if isinstance(reference, DecoderAttention):
+        return reference.num_kv_heads, reference.rope_base
+    return reference.num_heads, None
 
 
 def _opt(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -204,8 +213,9 @@ def _finish(heads: Tensor, p: ReferenceParams, recipe: Recipe) -> Tensor:
 
 def modes_of(reference: MultiHeadAttention, causal: bool, padding: bool, cross: bool) -> frozenset[str]:
     """The features of a call form and a reference that some bugs need."""
+    g, rope_base = decoder_options(reference)
     flags = {"causal": causal, "padding": padding, "cross": cross,
-             "grouped": reference.num_kv_heads < reference.num_heads, "rope": reference.rope_base is not None}
+             "grouped": g < reference.num_heads, "rope": rope_base is not None}
     return frozenset(name for name, on in flags.items() if on)
 
 

@@ -11,7 +11,6 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from attnlib._core import rounding_tolerance
 from attnlib.audit.catalogue import Recipe, active_bugs, active_pairs, tie_reason
 from attnlib.audit.checks import (
     check_flags, check_reference, default_rtol, module_dtype, relative_error, where_raised,
@@ -20,6 +19,7 @@ from attnlib.audit.engine import CONVENTIONS, Forward, ReferenceParams, modes_of
 from attnlib.audit.probes import LARGE_SCORES, Probe, make_probes
 from attnlib.audit.report import AuditReport, hint_for
 from attnlib.multihead import MultiHeadAttention
+from attnlib.rounding import rounding_tolerance
 
 __all__ = ["diagnose", "tolerance"]
 
@@ -120,7 +120,7 @@ def tolerance(
     coarser = min(ref_dtype, out_dtype, key=lambda d: torch.finfo(d).bits)
     if coarser != ref_dtype or out_dtype != ref_dtype:
         tol += rounding_tolerance(coarser, d_model, d_k, n_k, d_model)
-    if reference.rope_base is not None:
+    if w64.rope_base is not None:
         tol += rounding_tolerance(torch.float32, n_k, n_k)
     if tol:
         top = max(

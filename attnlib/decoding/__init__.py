@@ -18,17 +18,27 @@ attention (chapter 8). One module per piece:
   holds one latent vector :math:`c_j = x_j W^{DKV}` per token instead of ``h`` keys and
   ``h`` values; with :math:`W^{UK}` folded into the queries and :math:`W^{UV}` into
   :math:`W^O`, attention reads the latents directly and never forms the keys.
+- :mod:`attnlib.decoding.positions`: positions seen through :math:`W^{QK}`: additive
+  encodings, and **ALiBi** (:class:`AlibiAttention`, Press et al. 2022), a per-head bias
+  on the scores.
+- :mod:`attnlib.decoding.llama` and :mod:`attnlib.decoding.bloom`: Hugging Face's Llama
+  and BLOOM layouts, read into this chapter's records (:func:`read_llama`,
+  :func:`read_bloom`, and their writers; :mod:`attnlib.interop` hands them on with the
+  other layouts).
 
 Orientation as everywhere in attnlib: row vectors, ``x @ W``, masks boolean with
 ``True`` = may attend. Every name is importable from ``attnlib.decoding`` itself.
 """
 
 from attnlib.attention import causal_mask
+from attnlib.decoding.bloom import read_bloom, write_bloom
 from attnlib.decoding.cache import KVCache, LatentCache, kv_cache_bytes_per_token, latent_cache_bytes_per_token
 from attnlib.decoding.grouped import DecoderAttention, GroupedAttentionWeights
 from attnlib.decoding.latent import LatentAttention
+from attnlib.decoding.llama import read_llama, write_llama
 from attnlib.decoding.positions import (
     AlibiAttention,
+    AlibiWeights,
     ScoreTerms,
     alibi_bias,
     alibi_slopes,
@@ -56,5 +66,10 @@ __all__ = [
     "score_terms",
     "alibi_slopes",
     "alibi_bias",
+    "AlibiWeights",
     "AlibiAttention",
+    "read_llama",
+    "write_llama",
+    "read_bloom",
+    "write_bloom",
 ]

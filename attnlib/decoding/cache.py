@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlib._core import check_tensor, check_width, format_shape
+from attnlib.checks import check_tensor, check_width, format_shape
 
 __all__ = ["KVCache", "LatentCache", "kv_cache_bytes_per_token", "latent_cache_bytes_per_token",
            "check_cache_call", "itemsize"]
@@ -103,8 +103,9 @@ class _Cache:
     def _get(self, name: str) -> Tensor | None:
         return self._tensors.get(name)
 
-    def _check(self, module: nn.Module, batch_size: int, dtype: torch.dtype | None, device: torch.device) -> None:
-        """Raise unless a call of ``module`` with this batch, dtype and device may use the cache.
+    def check(self, module: nn.Module, batch_size: int, dtype: torch.dtype | None, device: torch.device) -> None:
+        """Raise ``ValueError`` unless a call of ``module`` with this batch, dtype and device may
+        use the cache: a layer calls it before it computes anything, ``update`` again.
 
         ``dtype=None`` skips the dtype: a module checking before it projects passes it, because
         under ``torch.autocast`` float32 inputs give bfloat16 (or float16) keys; ``update``
@@ -213,7 +214,7 @@ class KVCache(_Cache):
                 dtype, device or head shape differ from what the cache holds.
         """
         self._check_new(keys=keys, values=values)
-        self._check(module, keys.shape[0], keys.dtype, keys.device)
+        self.check(module, keys.shape[0], keys.dtype, keys.device)
         if self._tensors:
             for name, t in (("keys", keys), ("values", values)):
                 old = self._tensors[name]
@@ -257,7 +258,7 @@ class LatentCache(_Cache):
     def update(self, module: nn.Module, latents: Tensor, rope_keys: Tensor) -> tuple[Tensor, Tensor]:
         """Append ``latents`` ``(B, t, d_c)`` and ``rope_keys`` ``(B, t, d_r)``; return all."""
         self._check_new(latents=latents, rope_keys=rope_keys)
-        self._check(module, latents.shape[0], latents.dtype, latents.device)
+        self.check(module, latents.shape[0], latents.dtype, latents.device)
         total = self._append(module, latents=latents, rope_keys=rope_keys)
         return total["latents"], total["rope_keys"]
 

@@ -5,7 +5,9 @@ It is a subclass of :class:`attnlib.MultiHeadAttention` that changes two steps o
 ``forward``: the projection (keys and values in ``g`` groups, queries and keys rotated
 by position) and the attention (the cache appended to, the ``h/g`` query heads of a
 group stacked so that they read the same keys). Everything else, the weights' layout,
-the per-head views, the merge and ``W^O``, is the parent's.
+the attention of each head, the merge and ``W^O``, is the parent's; :meth:`~DecoderAttention.head`
+adds which group a head reads. Its plain view (:meth:`~DecoderAttention.as_plain`, what chapter
+2-4's tools read) is the plain layer with the groups written out, and there is none with RoPE.
 
 - ``num_kv_heads=g`` (grouped-query attention, Ainslie et al. 2023; ``g = 1`` is
   multi-query attention, Shazeer 2019): ``g`` must divide ``h``; ``w_k, w_v`` are
@@ -26,15 +28,17 @@ the per-head views, the merge and ``W^O``, is the parent's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Self
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from attnlib._core import check_attention_inputs, check_positive_int, check_tensor, format_shape
 from attnlib.attention import causal_mask
+from attnlib.checks import check_attention_inputs, check_positive_int, check_tensor, format_shape
 from attnlib.decoding.cache import KVCache, check_cache_call
 from attnlib.decoding.rope import apply_rope, check_rope_base
-from attnlib.multihead import MultiHeadAttention
+from attnlib.multihead import Device, DType, HeadWeights, MultiHeadAttention
+from attnlib.records import AttentionWeights, record_tensors
 
 __all__ = ["GroupedAttentionWeights", "DecoderAttention"]
 
@@ -169,13 +173,52 @@ class DecoderAttention(MultiHeadAttention):
 
     ``DecoderAttention(d_model, num_heads, bias=True, *, num_kv_heads=None, rope_base=None)``;
     with both left at their defaults and no cache it computes exactly what its parent does.
+    ``w_k``, ``w_v`` are ``(d_model, g*d_k)`` and ``w_k_heads``, ``w_v_heads``
+    ``(g, d_model, d_k)``: one block per key/value group.
 
     Call: ``out, weights = layer(query, key, value, mask=None, need_weights=True, *, cache=None)``,
     shapes as in the parent; the weights are ``(B, h, n_q, n_k)`` per query head.
     """
 
-    def _check_decoder_options(self, num_kv_heads: object, rope_base: object) -> tuple[int, float | None]:
-        return _check_kv_heads(self.num_heads, num_kv_heads), _check_rope(rope_base, self.d_k)
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        bias: bool = True,
+        *,
+        num_kv_heads: int | None = None,
+        rope_base: float | None = None,
+        device: Device = None,
+        dtype: DType = None,
+    ) -> None:
+        # the parent checks the sizes and lays out its parameters on the meta device (no
+        # memory, nothing drawn); they are made here, w_k and w_v with g groups of d_k columns
+        super().__init__(d_model, num_heads, bias, device="meta", dtype=dtype)
+        self.num_kv_heads = _check_kv_heads(num_heads, num_kv_heads)
+        self.rope_base = _check_rope(rope_base, self.d_k)
+        d_kv = self.num_kv_heads * self.d_k
+        for name, p in list(self.named_parameters()):  # w_k, w_v, b_k, b_v: (.., g*d_k)
+            shape = (*p.shape[:-1], d_kv) if name[-1] in "kv" else p.shape
+            setattr(self, name, nn.Parameter(torch.empty(shape, device=device, dtype=dtype)))
+        self.reset_parameters()  # the parent's initialisation, in its order
+
+    @property
+    def group_size(self) -> int:
+        """``h / g``: how many query heads share one key/value head (1 = plain MHA)."""
+        return self.num_heads // self.num_kv_heads
+
+    def head(self, i: int) -> HeadWeights:
+        """The parent's head ``i``, with the key and value blocks of its group ``i // (h / g)``
+        (views, shared with the group's other heads)."""
+        own = super().head(i)  # checks i
+        j = i // self.group_size  # the key/value group of head i
+        kv = slice(j * self.d_k, (j + 1) * self.d_k)
+        return own._replace(
+            w_k=self.w_k[:, kv],
+            w_v=self.w_v[:, kv],
+            b_k=None if self.b_k is None else self.b_k[kv],
+            b_v=None if self.b_v is None else self.b_v[kv],
+        )
 
     def forward(  # adds the keyword-only cache
         self,
@@ -199,13 +242,12 @@ class DecoderAttention(MultiHeadAttention):
         B, n_q, _ = query.shape
         past = 0
         if cache is not None:
-            cache._check(self, B, None, query.device)  # dtype: in update, after autocast
+            cache.check(self, B, None, query.device)  # dtype: in update, after autocast
             past = len(cache)
-        g = self.num_kv_heads
         # project: as the parent, but keys and values in g groups
         q = self._split_heads(self._project(query, self.w_q, self.b_q))  # (B, h, n_q, d_k)
-        k = self._split_heads(self._project(key, self.w_k, self.b_k), g)  # (B, g, n_k, d_k)
-        v = self._split_heads(self._project(value, self.w_v, self.b_v), g)  # (B, g, n_k, d_v)
+        k = self._split_heads(self._project(key, self.w_k, self.b_k))  # (B, g, n_k, d_k)
+        v = self._split_heads(self._project(value, self.w_v, self.b_v))  # (B, g, n_k, d_v)
         if self.rope_base is not None:  # rotate by position: 0.., or continuing after the cache
             q = apply_rope(q, torch.arange(past, past + n_q, device=q.device), self.rope_base)  # (B, h, n_q, d_k)
             k = apply_rope(k, torch.arange(past, past + k.shape[2], device=k.device), self.rope_base)  # (B, g, n_k, d_k)
@@ -232,7 +274,41 @@ class DecoderAttention(MultiHeadAttention):
         heads = heads.reshape(B, h, n_q, self.d_v)  # (B, h, n_q, d_v): back from groups to heads
         return heads, None if weights is None else weights.view(B, h, n_q, n_k)  # (B, h, n_q, n_k)
 
-    # ---- conversions --------------------------------------------------------------
+    # ---- the plain view and conversions ----------------------------------------------
+    def as_plain(self) -> MultiHeadAttention:
+        """The plain layer computing this function (see :func:`attnlib.multihead.plain_view`):
+        without RoPE, a :class:`MultiHeadAttention` holding :meth:`expand_kv_heads`' weights
+        (copies: each group's key and value blocks repeated for its heads).
+
+        Raises:
+            ValueError: with RoPE, which the plain layer cannot compute.
+        """
+        if self.rope_base is not None:
+            raise ValueError(
+                f"{type(self).__name__} with RoPE (rope_base={self.rope_base:g}) has no plain view: RoPE "
+                f"rotates queries and keys by their positions, so query i and key j score "
+                f"x_i W^Q R_(j-i) W^K^T x_j^T, not the plain layer's x_i W^QK x_j^T"
+            )
+        expanded = self._expanded_weights()
+        plain = AttentionWeights(**record_tensors(expanded))
+        return MultiHeadAttention.from_weights(plain, self.num_heads)
+
+    def projections(self) -> AttentionWeights:
+        """The parent's record (detached copies) when the layer is the plain layer: one
+        key/value head per query head and no RoPE.
+
+        Raises:
+            ValueError: grouped keys/values or RoPE, which an :class:`AttentionWeights`
+                cannot hold (it would drop them): use :meth:`grouped_weights`.
+        """
+        if self.num_kv_heads != self.num_heads or self.rope_base is not None:
+            raise ValueError(
+                f"projections() is the plain layer's record, (d_model, d_model) matrices without RoPE, but "
+                f"this module has num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}, "
+                f"rope_base={self.rope_base}; use grouped_weights(), which keeps them"
+            )
+        return super().projections()
+
     def grouped_weights(self) -> GroupedAttentionWeights:
         """The projections (detached copies) with ``num_heads``, ``num_kv_heads`` and
         ``rope_base``: everything :meth:`from_grouped_weights` needs to rebuild the module."""
@@ -255,7 +331,7 @@ class DecoderAttention(MultiHeadAttention):
         )
 
     @classmethod
-    def from_grouped_weights(cls, weights: GroupedAttentionWeights) -> "DecoderAttention":
+    def from_grouped_weights(cls, weights: GroupedAttentionWeights) -> Self:
         """A module holding copies of ``weights``, with its heads, groups and RoPE base."""
         if not isinstance(weights, GroupedAttentionWeights):
             raise TypeError(f"weights must be a GroupedAttentionWeights, got {type(weights).__name__}")
@@ -269,14 +345,18 @@ class DecoderAttention(MultiHeadAttention):
             device=w_q.device,
             dtype=w_q.dtype,
         )
-        layer._copy_from(weights)
+        layer.load_state_dict(record_tensors(weights))  # copies, checked against the shapes
         return layer
 
-    def expand_kv_heads(self) -> "DecoderAttention":
+    def expand_kv_heads(self) -> Self:
         """The same function with ``num_kv_heads = num_heads``: each group's key and value
         column blocks (and biases) are repeated for the ``h / g`` heads that read them, in
-        ``repeat_interleave`` order. RoPE is kept (a plain layer when there is none, so
-        chapter 2-4 tools accept it)."""
+        ``repeat_interleave`` order. RoPE is kept (without it, :meth:`as_plain` gives the
+        same weights as chapter 3's plain class)."""
+        return type(self).from_grouped_weights(self._expanded_weights())
+
+    def _expanded_weights(self) -> GroupedAttentionWeights:
+        """:meth:`grouped_weights` with each group's blocks repeated for its ``h / g`` heads."""
         w = self.grouped_weights()
         r, d_k = self.group_size, self.d_k
 
@@ -286,7 +366,7 @@ class DecoderAttention(MultiHeadAttention):
             blocks = t.unflatten(dim, (self.num_kv_heads, d_k))  # (.., g, d_k, ..)
             return blocks.repeat_interleave(r, dim=dim).flatten(dim, dim + 1)  # (.., h*d_k, ..)
 
-        expanded = GroupedAttentionWeights(
+        return GroupedAttentionWeights(
             w_q=w.w_q,
             w_k=rep(w.w_k, 1),  # type: ignore[arg-type]
             w_v=rep(w.w_v, 1),  # type: ignore[arg-type]
@@ -299,7 +379,6 @@ class DecoderAttention(MultiHeadAttention):
             b_o=w.b_o,
             rope_base=self.rope_base,
         )
-        return type(self).from_grouped_weights(expanded)
 
     def extra_repr(self) -> str:
         extra = ""
@@ -309,5 +388,3 @@ class DecoderAttention(MultiHeadAttention):
             extra += f", rope_base={self.rope_base:g}"
         return super().extra_repr() + extra
 
-
-MultiHeadAttention._decoder_class = DecoderAttention  # MultiHeadAttention(..., num_kv_heads=g) builds one

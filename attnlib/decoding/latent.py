@@ -8,13 +8,13 @@ keys and ``h`` values; with :math:`W^{UK}` folded into the queries and :math:`W^
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlib._core import check_head_mask, check_positive_int, check_tensor, check_width, format_shape
+from attnlib.checks import check_head_mask, check_positive_int, check_tensor, check_width, format_shape
 from attnlib.attention import causal_mask, masked_softmax
 from attnlib.decoding.cache import LatentCache, check_cache_call, latent_cache_bytes_per_token
 from attnlib.decoding.rope import apply_rope, check_rope_base
@@ -180,7 +180,7 @@ class LatentAttention(nn.Module):
         past = 0
         if cache is not None:
             check_cache_call(cache, LatentCache, mask)
-            cache._check(self, B, None, x.device)  # dtype: in update, after autocast
+            cache.check(self, B, None, x.device)  # dtype: in update, after autocast
             past = len(cache)
         elif mask is not None:
             check_head_mask(mask, torch.Size([B, h, t, t]))
@@ -253,6 +253,14 @@ class LatentAttention(nn.Module):
         k = torch.cat([k_c, k_r[:, None].expand(B, h, n, self.d_r)], dim=-1)  # (B, h, n, d_k + d_r)
         v = (c @ self.w_uv).view(B, n, h, d_v).transpose(1, 2)  # (B, h, n, d_v)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, h, t, d_v)
+
+    def as_plain(self) -> NoReturn:
+        """Raises ``TypeError``: MLA has no plain view (see :func:`attnlib.multihead.plain_view`)."""
+        raise TypeError(
+            "LatentAttention has no plain view: multi-head latent attention (MLA) up-projects every "
+            "head's keys and values from one shared latent and adds a shared rotary key (RoPE) to the "
+            "scores, which the plain layer of chapters 2-4 does not have"
+        )
 
     def extra_repr(self) -> str:
         return (

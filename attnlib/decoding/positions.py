@@ -19,17 +19,21 @@ may attend.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple, NoReturn, Self
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlib._core import check_positive_int, check_tensor, check_width, format_shape
+from attnlib.checks import check_positive_int, check_tensor, check_width, format_shape
 from attnlib.attention import masked_softmax
 from attnlib.decoding.grouped import DecoderAttention
+from attnlib.multihead import Device, DType
+from attnlib.records import AttentionWeights, record_tensors
 
-__all__ = ["sinusoidal_positions", "ScoreTerms", "score_terms", "alibi_slopes", "alibi_bias", "AlibiAttention"]
+__all__ = ["sinusoidal_positions", "ScoreTerms", "score_terms", "alibi_slopes", "alibi_bias", "AlibiWeights",
+           "AlibiAttention"]
 
 
 def sinusoidal_positions(
@@ -180,6 +184,33 @@ def alibi_bias(
     return (-m[:, None, None] * (p[:, None] - j[None, :])).to(dtype)  # (h, n_q, n_k)
 
 
+# What the plain layer lacks, for the refusals below.
+ALIBI_REASON = (
+    "ALiBi adds the position bias -m_i (p - j) to head i's scores, which the plain layer of "
+    "chapters 2-4 does not have"
+)
+
+
+@dataclass(frozen=True)
+class AlibiWeights(AttentionWeights):
+    """The projections of an :class:`AlibiAttention` (what its ``projections()`` returns):
+    an :class:`~attnlib.AttentionWeights` that says its layer adds ALiBi, so that a tool for
+    the plain layer refuses it (:meth:`as_plain`) instead of dropping the positions.
+    :meth:`AlibiAttention.from_weights` and :func:`attnlib.interop.write_bloom` (BLOOM has
+    ALiBi) take it; :meth:`without_alibi` is the same weights as a plain record, for a
+    reader who means to drop ALiBi."""
+
+    def as_plain(self) -> NoReturn:
+        raise TypeError(
+            f"these weights are an AlibiAttention's (AlibiWeights): {ALIBI_REASON}; build "
+            f"AlibiAttention.from_weights(w, h), or take w.without_alibi() to drop ALiBi on purpose"
+        )
+
+    def without_alibi(self) -> AttentionWeights:
+        """The same tensors as a plain :class:`~attnlib.AttentionWeights` (ALiBi dropped)."""
+        return AttentionWeights(**record_tensors(self))
+
+
 class AlibiAttention(DecoderAttention):
     r"""Multi-head attention with ALiBi (Press et al. 2022): chapter 8's
     :class:`~attnlib.decoding.DecoderAttention` whose per-head attention adds
@@ -196,15 +227,28 @@ class AlibiAttention(DecoderAttention):
 
     ``AlibiAttention(d_model, num_heads, bias=True, *, device=None, dtype=None)``; the
     call and its shapes are :class:`DecoderAttention`'s. No RoPE and no grouped keys.
+    It has no plain view (:meth:`as_plain` raises), and its records say ALiBi
+    (:class:`AlibiWeights`), so that no tool for the plain layer drops the bias.
     """
 
-    def _check_decoder_options(self, num_kv_heads: object, rope_base: object) -> tuple[int, float | None]:
-        if (num_kv_heads is not None and num_kv_heads != self.num_heads) or rope_base is not None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        bias: bool = True,
+        *,
+        num_kv_heads: int | None = None,
+        rope_base: float | None = None,
+        device: Device = None,
+        dtype: DType = None,
+    ) -> None:
+        super().__init__(d_model, num_heads, bias, num_kv_heads=num_kv_heads, rope_base=rope_base,
+                         device=device, dtype=dtype)
+        if self.num_kv_heads != self.num_heads or self.rope_base is not None:
             raise ValueError(
                 f"AlibiAttention takes no num_kv_heads or rope_base (got {num_kv_heads!r}, {rope_base!r}): "
                 f"ALiBi's positions are its bias"
             )
-        return self.num_heads, None
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
@@ -222,6 +266,32 @@ class AlibiAttention(DecoderAttention):
         scores = (q * self.d_k**-0.5) @ k.transpose(-2, -1) + bias  # (B, h, n_q, n_k)
         weights = masked_softmax(scores, mask)  # (B, h, n_q, n_k)
         return weights @ v, weights  # (B, h, n_q, d_v), (B, h, n_q, n_k)
+
+    # ---- the plain view and records: ALiBi is never dropped -------------------------
+    def as_plain(self) -> NoReturn:
+        """Raises ``TypeError``: ALiBi's bias is not something the plain layer computes."""
+        raise TypeError(f"AlibiAttention has no plain view: {ALIBI_REASON}")
+
+    def projections(self) -> AlibiWeights:
+        """The four projections and biases (detached copies), as :class:`AlibiWeights`."""
+        return AlibiWeights(**record_tensors(super().projections()))
+
+    def grouped_weights(self) -> NoReturn:
+        """Raises ``TypeError``: a :class:`~attnlib.decoding.GroupedAttentionWeights` holds
+        groups and RoPE, not ALiBi (use :meth:`projections`)."""
+        raise TypeError(
+            f"an AlibiAttention has no grouped_weights(): GroupedAttentionWeights holds groups and RoPE, "
+            f"not ALiBi, and would drop it; use projections(), whose AlibiWeights keeps it"
+        )
+
+    @classmethod
+    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> Self:
+        """A layer holding copies of ``weights``: an :class:`AlibiWeights` (what
+        :meth:`projections` returns), or a plain record (``read_bloom``'s), to which this
+        class adds ALiBi."""
+        if isinstance(weights, AlibiWeights):
+            weights = weights.without_alibi()
+        return super().from_weights(weights, num_heads)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", alibi=True"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlib._core import check_tensor, check_width, format_shape
+from attnlib.checks import check_tensor, check_width, format_shape
 
 __all__ = ["rope_inv_freq", "rope_angles", "rotate_half", "apply_rope", "rope_rotation",
            "check_rope_base", "angle_dtype"]

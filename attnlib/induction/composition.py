@@ -36,9 +36,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlib._core import check_positive_int, format_shape
+from attnlib.checks import check_positive_int, format_shape
 from attnlib.lowrank import FactoredMatrix, ov_circuit, qk_circuit
-from attnlib.multihead import MultiHeadAttention
+from attnlib.multihead import MultiHeadAttention, plain_view
 
 __all__ = ["frobenius", "composition_score", "composition_ceiling", "composition_scores",
            "random_composition_scores", "KINDS"]
@@ -95,13 +95,13 @@ def composition_scores(layer0: MultiHeadAttention, layer1: MultiHeadAttention, k
     ``kind``: ``"Q"`` scores :math:`W^{OV}_{0,i} W^{QK}_{1,j}`, ``"K"`` scores
     :math:`W^{OV}_{0,i} {W^{QK}_{1,j}}^\top`, ``"V"`` scores :math:`W^{OV}_{0,i} W^{OV}_{1,j}`
     (see the module). The circuits are :func:`attnlib.ov_circuit` and
-    :func:`attnlib.qk_circuit`, computed in float64.
+    :func:`attnlib.qk_circuit`, computed in float64, of each layer's plain view
+    (:func:`attnlib.multihead.plain_view`: a layer with RoPE or ALiBi is refused, naming it).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    for name, m in (("layer0", layer0), ("layer1", layer1)):
-        if not isinstance(m, MultiHeadAttention):
-            raise TypeError(f"{name} must be an attnlib.MultiHeadAttention, got {type(m).__name__}")
+    layer0 = plain_view(layer0, "layer0", "composition_scores")  # refuses RoPE, ALiBi, ... by name
+    layer1 = plain_view(layer1, "layer1", "composition_scores")
     if layer0.d_model != layer1.d_model:
         raise ValueError(f"layer0 and layer1 must share d_model, got {layer0.d_model} and {layer1.d_model}")
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnlib._core import check_positive_int, check_tensor, format_shape
+from attnlib.checks import check_positive_int, check_tensor, format_shape
 
 __all__ = ["RepeatTask", "RepeatBatch"]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlib._core import check_tensor, format_shape
+from attnlib.checks import check_tensor, format_shape
 from attnlib.induction.data import RepeatBatch
 from attnlib.induction.model import N_LAYERS, InductionRuns
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from attnlib._core import AttentionWeights, check_index, check_positive_int, check_tensor, format_shape
+from attnlib.checks import check_index, check_positive_int, check_tensor, format_shape
+from attnlib.records import AttentionWeights
 from attnlib.attention import attention, causal_mask
 from attnlib.induction.data import RepeatTask
 from attnlib.multihead import MultiHeadAttention

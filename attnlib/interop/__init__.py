@@ -40,17 +40,51 @@ its layers ``create_bidirectional_mask``'s ``(B, 1, n_q, n_k)`` mask (additive, 
 ``mask_from_padding``, ``hf_extended_mask``, ``to_torch_mha_masks``,
 ``from_torch_mha_masks`` and ``fully_masked_rows`` convert between these.
 
-The code lives in four modules: :mod:`attnlib.interop.layouts` (the weight layouts of
-chapter 5), :mod:`attnlib.interop.masks` (the mask conventions),
-:mod:`attnlib.interop.llama` and :mod:`attnlib.interop.bloom` (Hugging Face's Llama and
-BLOOM layouts, chapter 8). Every name is
-importable from ``attnlib.interop`` itself.
+The code lives in three modules: :mod:`attnlib.interop.torch_mha` (``nn.MultiheadAttention``'s
+layout, which chapter 3's :class:`~attnlib.MultiHeadAttention` uses in ``from_torch`` and
+``to_torch``), :mod:`attnlib.interop.layouts` (the other weight layouts of chapter 5) and
+:mod:`attnlib.interop.masks` (the mask conventions). Hugging Face's Llama and BLOOM layouts
+read into chapter 8's records, so they live with them, in :mod:`attnlib.decoding.llama`
+and :mod:`attnlib.decoding.bloom`. Every name of these five modules is importable from
+``attnlib.interop`` itself, each module imported when one of its names is first used: so
+importing :mod:`attnlib.interop.torch_mha` (chapter 3) loads nothing else, and this
+package never imports chapter 8's modules before they are asked for.
 """
 
-from attnlib.interop import bloom, layouts, llama, masks
-from attnlib.interop.bloom import *  # noqa: F403
-from attnlib.interop.layouts import *  # noqa: F403
-from attnlib.interop.llama import *  # noqa: F403
-from attnlib.interop.masks import *  # noqa: F403
+from __future__ import annotations
 
-__all__ = layouts.__all__ + masks.__all__ + llama.__all__ + bloom.__all__
+import importlib
+from types import ModuleType
+from typing import Any
+
+MODULES = ("attnlib.interop.torch_mha", "attnlib.interop.layouts", "attnlib.interop.masks",
+           "attnlib.decoding.llama", "attnlib.decoding.bloom")
+"""Where the names of ``attnlib.interop`` live, in chapter order."""
+
+
+def _module(short: str) -> ModuleType | None:
+    """The module of :data:`MODULES` whose last name is ``short``, or ``None``."""
+    full = next((m for m in MODULES if m.rpartition(".")[2] == short), None)
+    return None if full is None else importlib.import_module(full)
+
+
+def __getattr__(name: str) -> Any:
+    """``attnlib.interop.X``: the module ``X`` of :data:`MODULES`, or the name ``X`` of the
+    first module that exports it, imported on first use and kept."""
+    if name == "__all__":
+        value: Any = [n for m in MODULES for n in importlib.import_module(m).__all__]
+    elif (module := _module(name)) is not None:
+        value = module
+    elif name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    else:
+        owner = next((m for m in map(importlib.import_module, MODULES) if name in m.__all__), None)
+        if owner is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(owner, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {m.rpartition(".")[2] for m in MODULES} | set(__getattr__("__all__")))

@@ -10,21 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlib._core import (
-    AttentionWeights,
-    check_positive_int,
-    check_tensor,
-    format_shape,
-    pack_qkv,
-    read_torch_mha,
-    split_qkv,
-    write_torch_mha,
-)
+from attnlib.checks import check_positive_int, check_tensor, format_shape
+from attnlib.records import AttentionWeights, pack_qkv, plain_record, split_qkv
 
 __all__ = [
     "AttentionWeights",
-    "read_torch_mha",
-    "write_torch_mha",
     "read_separate_linear",
     "write_separate_linear",
     "read_packed_linear",
@@ -41,9 +31,9 @@ __all__ = [
 WeightAndBias = tuple[Tensor, Tensor | None]
 """A ``(weight, bias)`` pair as one layer stores it; ``bias`` may be ``None``."""
 
-# AttentionWeights, read_torch_mha and write_torch_mha live in attnlib._core (the
-# fused module converts to and from torch's layout too); they are part of this
-# module's interface all the same.
+# AttentionWeights lives in attnlib.records (the fused module builds on it too); it is
+# part of this module's interface all the same. torch.nn.MultiheadAttention's layout is
+# attnlib.interop.torch_mha.
 
 
 def _check_pair(name: str, pair: object) -> WeightAndBias:
@@ -104,6 +94,7 @@ def _zeros_for_missing(pairs: dict[str, WeightAndBias]) -> dict[str, Tensor | No
 def write_separate_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
     """Four ``nn.Linear`` layers ``{"q", "k", "v", "o"}`` computing ``x @ W + b``
     (the inverse of :func:`read_separate_linear`)."""
+    weights = plain_record(weights)  # a layer with more than weights (ALiBi) is refused, named
     e = weights.d_model
     biases = weights.biases
     layers: dict[str, nn.Linear] = {}
@@ -286,6 +277,7 @@ def read_packed_linear(c_attn: WeightAndBias, c_proj: WeightAndBias) -> Attentio
 def write_packed_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
     """Two ``nn.Linear`` layers ``{"c_attn": Linear(d, 3d), "c_proj": Linear(d, d)}``
     holding ``weights`` (the inverse of :func:`read_packed_linear`)."""
+    weights = plain_record(weights)  # a layer with more than weights (ALiBi) is refused, named
     d = weights.d_model
     w_qkv, b_qkv = pack_qkv(weights)  # (d, 3d), (3d,) or None
     c_attn = nn.Linear(d, 3 * d, bias=weights.bias, device=w_qkv.device, dtype=w_qkv.dtype)
@@ -333,6 +325,7 @@ def write_conv1d(weights: AttentionWeights) -> dict[str, WeightAndBias]:
     (weight (d, d), bias (d,))}`` (biases ``None`` without bias); the inverse of
     :func:`read_conv1d`, so ``read_conv1d(**write_conv1d(w))`` gives ``w`` back.
     Load into a ``transformers`` ``Conv1D`` with ``conv.weight.copy_(weight)``."""
+    weights = plain_record(weights)  # a layer with more than weights (ALiBi) is refused, named
     w_qkv, b_qkv = pack_qkv(weights)  # (d, 3d), (3d,) or None: new tensors
     b_o = None if weights.b_o is None else weights.b_o.detach().clone()
     b_qkv = None if b_qkv is None else b_qkv.detach()

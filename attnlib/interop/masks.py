@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlib._core import check_head_mask, check_positive_int, check_tensor, format_shape
+from attnlib.checks import check_head_mask, check_positive_int, check_tensor, format_shape
 
 __all__: list[str] = []
 

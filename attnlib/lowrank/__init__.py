@@ -24,7 +24,7 @@ importable from ``attnlib.lowrank``.
 Orientation as everywhere in attnlib: row vectors, ``x @ M``.
 """
 
-from attnlib.lowrank.circuits import QK_NEEDS_NO_ROPE, ov_circuit, qk_circuit
+from attnlib.lowrank.circuits import ov_circuit, qk_circuit
 from attnlib.lowrank.factored import FactoredMatrix, FlopCount
 from attnlib.lowrank.signs import fix_signs
 

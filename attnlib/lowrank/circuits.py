@@ -6,27 +6,18 @@ r"""The two circuits of a head, :math:`W_i^{QK}` and :math:`W_i^{OV}`, as factor
 
 from __future__ import annotations
 
-from attnlib._core import check_index, check_plain
+from attnlib.checks import check_index
 from attnlib.lowrank.factored import FactoredMatrix
-from attnlib.multihead import MultiHeadAttention
+from attnlib.multihead import MultiHeadAttention, plain_view
 
-__all__ = ["qk_circuit", "ov_circuit", "QK_NEEDS_NO_ROPE"]
-
-
-# Why qk_circuit and explorers.head_explorer refuse a module with RoPE.
-QK_NEEDS_NO_ROPE = (
-    "the W^QK lens is only defined without RoPE's position-dependent rotation (with it, query i "
-    "and key j score x_i W^Q R_(i-j) W^K^T x_j^T); use a module without rope_base"
-)
+__all__ = ["qk_circuit", "ov_circuit"]
 
 
-def _check_circuit_args(mha: object, head: object, user: str, rope_reason: str | None) -> int | None:
-    if not isinstance(mha, MultiHeadAttention):
-        raise TypeError(f"mha must be an attnlib.MultiHeadAttention, got {type(mha).__name__}")
-    check_plain(mha, user, rope_reason)
+def _plain_and_head(mha: object, head: object, user: str) -> tuple[MultiHeadAttention, int | None]:
+    plain = plain_view(mha, "mha", user)
     if head is None:
-        return None
-    return check_index("head", head, mha.num_heads, f"num_heads={mha.num_heads}")
+        return plain, None
+    return plain, check_index("head", head, plain.num_heads, f"num_heads={plain.num_heads}")
 
 
 def qk_circuit(
@@ -40,13 +31,14 @@ def qk_circuit(
     detached views of ``mha``'s weights. Biases are not part of the bilinear
     form (they add terms linear in the query or key token).
 
-    Raises ``ValueError`` for a module with RoPE (its scores are not
-    :math:`x_i W_i^{QK} x_j^\top`) or with grouped keys/values (use
-    :meth:`~attnlib.decoding.DecoderAttention.expand_kv_heads`).
+    ``mha`` is read through its plain view (:func:`attnlib.multihead.plain_view`): a
+    layer with grouped keys/values gives its heads with the groups written out (copies);
+    a layer whose scores are not :math:`x_i W_i^{QK} x_j^\top` (RoPE, ALiBi, latent
+    attention) is refused, naming the feature.
     """
-    i = _check_circuit_args(mha, head, "qk_circuit", QK_NEEDS_NO_ROPE)
-    w_q = mha.w_q_heads.detach()  # (h, d_model, d_k)
-    w_k = mha.w_k_heads.detach()  # (h, d_model, d_k)
+    plain, i = _plain_and_head(mha, head, "qk_circuit")
+    w_q = plain.w_q_heads.detach()  # (h, d_model, d_k)
+    w_k = plain.w_k_heads.detach()  # (h, d_model, d_k)
     fm = FactoredMatrix(w_q, w_k.mT)  # (h, d_model, d_k) @ (h, d_k, d_model)
     return fm if i is None else fm[i]
 
@@ -60,12 +52,11 @@ def ov_circuit(
     ``(d_model, d_v)``, ``right`` = :math:`W_i^O` ``(d_v, d_model)``: a token's
     contribution to the layer's output, per unit of attention paid to it.
     With ``head=None``, all heads at once: batch ``(h,)``. Detached views of ``mha``'s
-    weights; biases are not included. RoPE rotates queries and keys only, so with
-    RoPE this is still the head's circuit; grouped keys/values raise ``ValueError``
-    (use :meth:`~attnlib.decoding.DecoderAttention.expand_kv_heads`).
+    weights; biases are not included. ``mha`` is read through its plain view, as in
+    :func:`qk_circuit`: a layer that is not the plain layer is refused, naming what it adds.
     """
-    i = _check_circuit_args(mha, head, "ov_circuit", None)
-    w_v = mha.w_v_heads.detach()  # (h, d_model, d_v)
-    w_o = mha.w_o_heads.detach()  # (h, d_v, d_model)
+    plain, i = _plain_and_head(mha, head, "ov_circuit")
+    w_v = plain.w_v_heads.detach()  # (h, d_model, d_v)
+    w_o = plain.w_o_heads.detach()  # (h, d_v, d_model)
     fm = FactoredMatrix(w_v, w_o)
     return fm if i is None else fm[i]

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
-from attnlib._core import check_positive_int, check_tensor, format_shape
+from attnlib.checks import check_positive_int, check_tensor, format_shape
 from attnlib.lowrank.signs import fix_signs
 
 __all__ = ["FactoredMatrix", "FlopCount"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlib._core import check_tensor, format_shape
+from attnlib.checks import check_tensor, format_shape
 
 __all__ = ["fix_signs"]
 

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlib._core import check_positive_int, check_tensor, format_shape
+from attnlib.checks import check_positive_int, check_tensor, format_shape
 from attnlib.multihead import MultiHeadAttention
 from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 

@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlib._core import check_positive_int, format_shape
+from attnlib.checks import check_positive_int, format_shape
 from attnlib.recall.head import Loss, RecallHead
 from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 

@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from attnlib._core import check_positive_int, format_shape
+from attnlib.checks import check_positive_int, format_shape
 
 __all__ = ["PhoneBookTask", "RecallBatch"]
 

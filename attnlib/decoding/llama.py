@@ -1,23 +1,20 @@
 """Hugging Face's Llama attention layout, read into and written from chapter 8's
-:class:`~attnlib.decoding.GroupedAttentionWeights`."""
+:class:`~attnlib.decoding.GroupedAttentionWeights` (also importable from :mod:`attnlib.interop`,
+with the other layouts)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from attnlib._core import check_positive_int, rounding_tolerance
-from attnlib.decoding import GroupedAttentionWeights
+from attnlib.checks import check_positive_int
+from attnlib.decoding.grouped import GroupedAttentionWeights
 from attnlib.decoding.rope import rope_inv_freq
+from attnlib.rounding import rounding_tolerance
 
-__all__: list[str] = []
-
-# ---- Hugging Face Llama: q_proj, k_proj, v_proj, o_proj (chapter 8) -----------------------
 # Llama's layer: four nn.Linear, grouped keys and values, RoPE. Read into (and written
-# from) attnlib.decoding.GroupedAttentionWeights; MultiHeadAttention.from_grouped_weights
-# builds the module.
-
-__all__ += ["GroupedAttentionWeights", "read_llama", "write_llama"]
+# from) GroupedAttentionWeights; DecoderAttention.from_grouped_weights builds the module.
+__all__ = ["GroupedAttentionWeights", "read_llama", "write_llama"]
 
 
 def read_llama(

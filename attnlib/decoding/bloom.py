@@ -1,5 +1,6 @@
 r"""Hugging Face's BLOOM attention layout (``BloomAttention``), read into and written from
-attnlib's :class:`~attnlib.AttentionWeights` (chapter 8).
+attnlib's :class:`~attnlib.AttentionWeights` (chapter 8, where :class:`AlibiAttention` is
+built from it; also importable from :mod:`attnlib.interop`, with the other layouts).
 
 BLOOM fuses the three projections into one ``nn.Linear`` ``query_key_value`` of weight
 ``(3d, d)``, whose ``3d`` outputs are grouped **by head**: head ``i`` owns outputs
@@ -13,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlib._core import AttentionWeights, check_positive_int, format_shape
+from attnlib.checks import check_positive_int, format_shape
+from attnlib.records import AttentionWeights
 
 __all__ = ["read_bloom", "write_bloom"]
 
