@@ -87,14 +87,18 @@ def check_index(name: str, value: object, size: int, what: str) -> int:
     return i
 
 
-def check_heads(d_model: object, num_heads: object) -> int:
-    """Validate a layer's sizes and return the head width ``d_k = d_model / num_heads``."""
+def check_heads(d_model: object, num_heads: object, d_k: object = None) -> int:
+    """Validate a layer's sizes and return its head width ``d_k``: ``d_model / num_heads`` by
+    default (which must then be whole), or the ``d_k`` given, any positive int (heads of any
+    width: ``h * d_k`` need not be ``d_model``, as in Llama with its own ``head_dim``)."""
     d = check_positive_int("d_model", d_model)
     h = check_positive_int("num_heads", num_heads)
+    if d_k is not None:
+        return check_positive_int("d_k", d_k)
     if d % h:
         raise ValueError(
             f"d_model ({d}) must be divisible by num_heads ({h}): "
-            f"each head gets d_k = d_model / num_heads columns"
+            f"each head gets d_k = d_model / num_heads columns (or give the head width d_k)"
         )
     return d // h
 

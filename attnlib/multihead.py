@@ -6,11 +6,13 @@ r"""Multi-head attention with fused per-role weights (chapters 2 and 3).
 
 with :math:`W_i^Q, W_i^K \in \mathbb{R}^{d_{model} \times d_k}`,
 :math:`W_i^V \in \mathbb{R}^{d_{model} \times d_v}`,
-:math:`W^O \in \mathbb{R}^{h d_v \times d_{model}}` and
-:math:`d_k = d_v = d_{model} / h` (Vaswani et al., 2017, section 3.2.2).
+:math:`W^O \in \mathbb{R}^{h d_v \times d_{model}}` and, as in the paper,
+:math:`d_k = d_v = d_{model} / h` (Vaswani et al., 2017, section 3.2.2), unless a head width
+``d_k`` is given: many models choose it apart from :math:`d_{model}` (Llama's ``head_dim``, T5's
+``d_kv``), and nothing in the formula needs :math:`h d_k = d_{model}`.
 
 :class:`MultiHeadAttention` stores the h per-head matrices of each role side by
-side as one ``(d_model, d_model)`` matrix. The literal form, h independent small
+side as one ``(d_model, h*d_k)`` matrix (``(d_model, d_model)`` in the paper). The literal form, h independent small
 heads (:class:`~attnlib.separate.SeparateHeadsAttention`, chapters 3 and 5), builds on
 this module and lives in :mod:`attnlib.separate`.
 
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlib.attention import masked_softmax
-from attnlib.checks import check_attention_inputs, check_heads, check_index
+from attnlib.checks import check_attention_inputs, check_heads, check_index, check_positive_int
 from attnlib.interop.torch_mha import read_torch_mha, write_torch_mha
 from attnlib.records import AttentionWeights, plain_record, record_tensors
 
@@ -58,10 +60,14 @@ class HeadWeights(NamedTuple):
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention with fused per-role weights, paper orientation.
 
-    Parameters (each used as ``x @ W``): ``w_q, w_k, w_v, w_o``: ``(d_model, d_model)``;
-    biases ``b_q, b_k, b_v, b_o``: ``(d_model,)`` when ``bias=True``. Head ``i`` owns
-    columns ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and rows ``i*d_v:(i+1)*d_v`` of
-    ``w_o``; :meth:`head` and the ``*_heads`` properties return views of them.
+    ``MultiHeadAttention(d_model, num_heads, bias=True, *, d_k=None)``: ``d_k`` is the head
+    width, ``d_model / num_heads`` by default; ``d_v = d_k``.
+
+    Parameters (each used as ``x @ W``): ``w_q, w_k, w_v``: ``(d_model, h*d_k)``, ``w_o``:
+    ``(h*d_v, d_model)``; biases ``b_q, b_k, b_v``: ``(h*d_k,)`` and ``b_o``: ``(d_model,)``
+    when ``bias=True``. Head ``i`` owns columns ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and
+    rows ``i*d_v:(i+1)*d_v`` of ``w_o``; :meth:`head` and the ``*_heads`` properties return
+    views of them.
 
     Call: ``out, weights = mha(query, key, value, mask=None, need_weights=True)``
 
@@ -90,22 +96,24 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         bias: bool = True,
         *,
+        d_k: int | None = None,
         device: Device = None,
         dtype: DType = None,
     ) -> None:
         super().__init__()
-        self.d_k = check_heads(d_model, num_heads)
+        self.d_k = check_heads(d_model, num_heads, d_k)
         self.d_model = d_model
         self.num_heads = num_heads
-        self.w_q = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
-        self.w_k = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_k)
-        self.w_v = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (d_model, h*d_v)
-        self.w_o = nn.Parameter(torch.empty(d_model, d_model, device=device, dtype=dtype))  # (h*d_v, d_model)
+        hd = num_heads * self.d_k  # the heads side by side: d_model in the paper
+        self.w_q = nn.Parameter(torch.empty(d_model, hd, device=device, dtype=dtype))  # (d_model, h*d_k)
+        self.w_k = nn.Parameter(torch.empty(d_model, hd, device=device, dtype=dtype))  # (d_model, h*d_k)
+        self.w_v = nn.Parameter(torch.empty(d_model, hd, device=device, dtype=dtype))  # (d_model, h*d_v)
+        self.w_o = nn.Parameter(torch.empty(hd, d_model, device=device, dtype=dtype))  # (h*d_v, d_model)
         if bias:
-            self.b_q = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
-            self.b_k = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
-            self.b_v = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
-            self.b_o = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))
+            self.b_q = nn.Parameter(torch.empty(hd, device=device, dtype=dtype))  # (h*d_k,)
+            self.b_k = nn.Parameter(torch.empty(hd, device=device, dtype=dtype))  # (h*d_k,)
+            self.b_v = nn.Parameter(torch.empty(hd, device=device, dtype=dtype))  # (h*d_v,)
+            self.b_o = nn.Parameter(torch.empty(d_model, device=device, dtype=dtype))  # (d_model,)
         else:
             self.register_parameter("b_q", None)
             self.register_parameter("b_k", None)
@@ -127,7 +135,7 @@ class MultiHeadAttention(nn.Module):
         return F.linear(x, w.T, b)
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform weights (bound ``sqrt(6 / (2 d_model))``), zero biases."""
+        """Xavier-uniform weights (bound ``sqrt(6 / (d_model + h d_k))``), zero biases."""
         for w in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(w)
         for b in (self.b_q, self.b_k, self.b_v, self.b_o):
@@ -242,15 +250,21 @@ class MultiHeadAttention(nn.Module):
 
     @classmethod
     def from_weights(cls, weights: AttentionWeights, num_heads: int) -> Self:
-        """A module holding copies of ``weights`` (paper orientation).
+        """A module holding copies of ``weights`` (paper orientation), with ``num_heads`` heads
+        of width ``d_k = weights.heads_width / num_heads``.
 
         Raises:
             TypeError: ``weights`` is not an :class:`~attnlib.AttentionWeights`, or is the
                 record of a layer that adds more than weights (ALiBi), named by
-                ``weights.as_plain()``.
+                ``weights.as_plain()``; ``num_heads`` not an int.
+            ValueError: ``num_heads`` does not divide ``h*d_k``.
         """
         weights = plain_record(weights)
-        layer = cls(weights.d_model, num_heads, bias=weights.bias, device=weights.w_q.device, dtype=weights.w_q.dtype)
+        h, hd = check_positive_int("num_heads", num_heads), weights.heads_width
+        if hd % h:
+            raise ValueError(f"num_heads ({h}) must divide the weights' h*d_k = {hd} (w_q is {tuple(weights.w_q.shape)})")
+        layer = cls(weights.d_model, h, bias=weights.bias, d_k=hd // h, device=weights.w_q.device,
+                    dtype=weights.w_q.dtype)
         layer.load_state_dict(record_tensors(weights))  # copies, checked against the shapes
         return layer
 
@@ -263,7 +277,8 @@ class MultiHeadAttention(nn.Module):
 
     def to_torch(self) -> nn.MultiheadAttention:
         """A ``torch.nn.MultiheadAttention(batch_first=True)`` computing the same function,
-        built from :func:`plain_view` (a layer torch's module cannot compute is refused)."""
+        built from :func:`plain_view` (a layer torch's module cannot compute is refused; so is
+        ``h*d_k != d_model``: torch's heads are ``embed_dim / num_heads`` wide)."""
         plain = plain_view(self, "self", "to_torch")
         return write_torch_mha(plain.projections(), plain.num_heads, batch_first=True)
 

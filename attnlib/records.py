@@ -24,7 +24,7 @@ __all__ = ["Biases", "AttentionWeights", "plain_record", "pack_qkv", "split_qkv"
 
 
 class Biases(NamedTuple):
-    """The four biases of a layer, all present: ``q, k, v, o``: ``(d_model,)`` each."""
+    """The four biases of a layer, all present: ``q, k, v``: ``(h*d_k,)``, ``o``: ``(d_model,)``."""
 
     q: Tensor
     k: Tensor
@@ -36,9 +36,12 @@ class Biases(NamedTuple):
 class AttentionWeights:
     """The four projections of one multi-head attention layer, paper orientation.
 
-    ``w_q, w_k, w_v``: ``(d_model, d_model)``, ``w_o``: ``(d_model, d_model)``, each
-    used as ``x @ w``; biases ``(d_model,)`` or all ``None``. Head ``i`` owns columns
-    ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and rows ``i*d_v:(i+1)*d_v`` of ``w_o``.
+    ``w_q, w_k, w_v``: ``(d_model, h*d_k)``, ``w_o``: ``(h*d_v, d_model)``, each used as
+    ``x @ w``; biases ``b_q, b_k, b_v``: ``(h*d_k,)`` and ``b_o``: ``(d_model,)``, or all
+    ``None``. ``h*d_k`` (:attr:`heads_width`) is ``d_model`` in the paper, and may be any width
+    (Llama's ``head_dim``, T5's ``d_kv``); ``d_v = d_k``. Head ``i`` owns columns
+    ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and rows ``i*d_v:(i+1)*d_v`` of ``w_o``: the
+    record does not know ``h``, the layer built from it does (``from_weights(w, num_heads)``).
     :attr:`biases` gives the four biases together (or ``None``).
 
     The record holds weights only: everything the plain layer of chapters 2-5 needs.
@@ -63,16 +66,19 @@ class AttentionWeights:
         for name, b in biases.items():
             if b is not None:
                 check_tensor(name, b)
-        d_model = self.w_q.shape[0] if self.w_q.dim() == 2 else -1
-        for name, t in weights.items():
-            if t.shape != (d_model, d_model):
+        if self.w_q.dim() != 2:
+            raise ValueError(f"w_q must have shape (d_model, h*d_k), got {format_shape(self.w_q)}")
+        d, hd = self.w_q.shape
+        expected = {"w_k": ((d, hd), "(d_model, h*d_k)"), "w_v": ((d, hd), "(d_model, h*d_v)"),
+                    "w_o": ((hd, d), "(h*d_v, d_model)"), "b_q": ((hd,), "(h*d_k,)"), "b_k": ((hd,), "(h*d_k,)"),
+                    "b_v": ((hd,), "(h*d_v,)"), "b_o": ((d,), "(d_model,)")}
+        for name, (shape, names) in expected.items():
+            t = getattr(self, name)
+            if t is not None and t.shape != shape:
                 raise ValueError(
-                    f"{name} must have shape (d_model, d_model) = ({d_model}, {d_model}), "
-                    f"got {format_shape(t)}"
+                    f"{name} must have shape {names} = {format_shape(shape)} for w_q of shape "
+                    f"{format_shape(self.w_q)}, got {format_shape(t)}"
                 )
-        for name, b in biases.items():
-            if b is not None and b.shape != (d_model,):
-                raise ValueError(f"{name} must have shape (d_model,) = ({d_model},), got {format_shape(b)}")
         present = [b is not None for b in biases.values()]
         if any(present) and not all(present):
             raise ValueError("biases must be given for all four projections or for none")
@@ -80,6 +86,11 @@ class AttentionWeights:
     @property
     def d_model(self) -> int:
         return int(self.w_q.shape[0])
+
+    @property
+    def heads_width(self) -> int:
+        """``h*d_k``: the width of the heads side by side (``d_model`` in the paper)."""
+        return int(self.w_q.shape[1])
 
     @property
     def bias(self) -> bool:
@@ -113,23 +124,27 @@ def plain_record(weights: object, name: str = "weights") -> AttentionWeights:
 
 
 def pack_qkv(weights: AttentionWeights) -> tuple[Tensor, Tensor | None]:
-    """``[W^Q | W^K | W^V]``: ``(d, 3d)`` and ``[b^Q, b^K, b^V]``: ``(3d,)`` (or ``None``)."""
-    w_qkv = torch.cat([weights.w_q, weights.w_k, weights.w_v], dim=1)  # (d, 3d)
+    """``[W^Q | W^K | W^V]``: ``(d, 3D)`` and ``[b^Q, b^K, b^V]``: ``(3D,)`` (or ``None``),
+    ``D = h*d_k``."""
+    w_qkv = torch.cat([weights.w_q, weights.w_k, weights.w_v], dim=1)  # (d, 3D)
     b = weights.biases
-    return w_qkv, None if b is None else torch.cat([b.q, b.k, b.v])  # (3d,)
+    return w_qkv, None if b is None else torch.cat([b.q, b.k, b.v])  # (3D,)
 
 
 def split_qkv(w_qkv: Tensor, b_qkv: Tensor | None, w_o: Tensor, b_o: Tensor | None) -> AttentionWeights:
-    """``w_qkv``: ``(d, 3d)`` = ``[W^Q | W^K | W^V]`` in paper orientation -> copies."""
-    d = w_qkv.shape[0]
+    """``w_qkv``: ``(d, 3D)`` = ``[W^Q | W^K | W^V]`` in paper orientation (``D = h*d_k``),
+    ``b_qkv``: ``(3D,)``, ``w_o``: ``(D, d)`` -> copies."""
+    if w_qkv.dim() != 2 or w_qkv.shape[1] % 3:
+        raise ValueError(f"w_qkv must have shape (d_model, 3*h*d_k), got {format_shape(w_qkv)}")
+    D = w_qkv.shape[1] // 3
     return AttentionWeights(
-        w_q=w_qkv[:, :d].clone(),
-        w_k=w_qkv[:, d : 2 * d].clone(),
-        w_v=w_qkv[:, 2 * d :].clone(),
+        w_q=w_qkv[:, :D].clone(),
+        w_k=w_qkv[:, D : 2 * D].clone(),
+        w_v=w_qkv[:, 2 * D :].clone(),
         w_o=w_o.clone(),
-        b_q=None if b_qkv is None else b_qkv[:d].clone(),
-        b_k=None if b_qkv is None else b_qkv[d : 2 * d].clone(),
-        b_v=None if b_qkv is None else b_qkv[2 * d :].clone(),
+        b_q=None if b_qkv is None else b_qkv[:D].clone(),
+        b_k=None if b_qkv is None else b_qkv[D : 2 * D].clone(),
+        b_v=None if b_qkv is None else b_qkv[2 * D :].clone(),
         b_o=None if b_o is None else b_o.clone(),
     )
 

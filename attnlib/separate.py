@@ -26,7 +26,9 @@ __all__ = ["SeparateHeadsAttention"]
 class SeparateHeadsAttention(nn.Module):
     r"""Multi-head attention written literally: h independent heads, concatenated.
 
-    Head ``i`` has its own small parameters ``w_q[i], w_k[i]``: ``(d_model, d_k)``,
+    ``SeparateHeadsAttention(d_model, num_heads, bias=True, *, d_k=None)``, ``d_k`` as in
+    :class:`MultiHeadAttention` (``d_model / num_heads`` by default). Head ``i`` has its own
+    small parameters ``w_q[i], w_k[i]``: ``(d_model, d_k)``,
     ``w_v[i]``: ``(d_model, d_v)`` (``nn.ParameterList`` entries) and computes
     :math:`\mathrm{head}_i = \mathrm{Attention}(Q W_i^Q + b_i^Q, K W_i^K + b_i^K, V W_i^V + b_i^V)`
     with :func:`attnlib.attention`. The heads' outputs ``(B, n_q, d_v)`` are
@@ -42,9 +44,12 @@ class SeparateHeadsAttention(nn.Module):
     b_k: nn.ParameterList | None
     b_v: nn.ParameterList | None
 
-    def __init__(self, d_model: int, num_heads: int, bias: bool = True, *, device: Device = None, dtype: DType = None) -> None:
+    def __init__(
+        self, d_model: int, num_heads: int, bias: bool = True, *, d_k: int | None = None, device: Device = None,
+        dtype: DType = None,
+    ) -> None:
         super().__init__()
-        fused = MultiHeadAttention(d_model, num_heads, bias=bias, device=device, dtype=dtype)  # checks the sizes
+        fused = MultiHeadAttention(d_model, num_heads, bias=bias, d_k=d_k, device=device, dtype=dtype)  # checks
         self.d_k, self.d_model, self.num_heads = fused.d_k, d_model, num_heads
         self._load(fused)  # MultiHeadAttention's initialisation, cut into heads
 
@@ -88,7 +93,7 @@ class SeparateHeadsAttention(nn.Module):
         """
         plain = plain_view(mha, "mha", "SeparateHeadsAttention.from_fused")
         # built on the meta device (no memory, no random numbers drawn), then filled
-        sep = cls(plain.d_model, plain.num_heads, bias=plain.bias, device="meta", dtype=plain.w_q.dtype)
+        sep = cls(plain.d_model, plain.num_heads, bias=plain.bias, d_k=plain.d_k, device="meta", dtype=plain.w_q.dtype)
         sep._load(plain)
         return sep
 

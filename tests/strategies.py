@@ -88,13 +88,22 @@ def _random_biases(mha: MultiHeadAttention, g: torch.Generator) -> None:
             b.copy_(torch.randn(b.shape, generator=g, dtype=DTYPE))
 
 
+def _d_model(draw: st.DrawFn, h: int, d_k: int, any_width: bool) -> int:
+    """``h * d_k`` (the paper's layer), or with ``any_width`` as often any ``d_model`` in 1..8."""
+    return draw(st.one_of(st.just(h * d_k), st.integers(1, 8))) if any_width else h * d_k
+
+
 @st.composite
-def cases(draw: st.DrawFn, masks: tuple[str, ...] = ("none", "padding", "causal", "padding+causal", "per_head")) -> Case:
+def cases(
+    draw: st.DrawFn, masks: tuple[str, ...] = ("none", "padding", "causal", "padding+causal", "per_head"),
+    any_width: bool = False,
+) -> Case:
     """Plain multi-head attention (chapters 3 and 5): h in 1..4, d_k in 1..5, bias on/off,
-    self- or cross-attention (keys and values drawn apart), one of ``masks``."""
+    self- or cross-attention (keys and values drawn apart), one of ``masks``. ``d_model = h d_k``,
+    or with ``any_width`` heads of any width (``d_model`` drawn apart half the time)."""
     h = draw(st.integers(1, 4))
     d_k = draw(st.integers(1, 5))
-    d_model = h * d_k
+    d_model = _d_model(draw, h, d_k, any_width)
     B = draw(st.integers(1, 3))
     n_q = draw(st.integers(1, 5))
     cross = draw(st.booleans())
@@ -104,7 +113,7 @@ def cases(draw: st.DrawFn, masks: tuple[str, ...] = ("none", "padding", "causal"
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    mha = MultiHeadAttention(d_model, h, bias=bias, dtype=DTYPE)
+    mha = MultiHeadAttention(d_model, h, bias=bias, d_k=d_k, dtype=DTYPE)
     if bias:
         _random_biases(mha, g)
     query = torch.randn(B, n_q, d_model, generator=g, dtype=DTYPE)
@@ -119,13 +128,14 @@ def cases(draw: st.DrawFn, masks: tuple[str, ...] = ("none", "padding", "causal"
 @st.composite
 def decoder_cases(draw: st.DrawFn, cross_ok: bool = True) -> Case:
     """Multi-head attention as a decoder layer (chapter 8): h query heads sharing
-    g | h key/value heads (GQA, MQA at g = 1), RoPE or none, bias on/off; the keys are
-    also the values; no mask, a causal one (when n_q <= n_k) or one per head."""
+    g | h key/value heads (GQA, MQA at g = 1), RoPE or none, bias on/off, heads of any
+    width (``d_model = h d_k`` half the time); the keys are also the values; no mask, a
+    causal one (when n_q <= n_k) or one per head."""
     h = draw(st.sampled_from([1, 2, 3, 4, 6]))
     g = draw(st.sampled_from([d for d in range(1, h + 1) if h % d == 0]))
     rope = draw(st.booleans())
     d_k = 2 * draw(st.integers(1, 2)) if rope else draw(st.integers(1, 3))
-    d_model = h * d_k
+    d_model = _d_model(draw, h, d_k, any_width=True)
     B, n_q = draw(st.integers(1, 2)), draw(st.integers(1, 5))
     cross = cross_ok and draw(st.booleans())
     n_k = draw(st.integers(1, 5)) if cross else n_q
@@ -133,7 +143,7 @@ def decoder_cases(draw: st.DrawFn, cross_ok: bool = True) -> Case:
     seed = draw(st.integers(0, 2**31 - 1))
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    mha = DecoderAttention(d_model, h, bias, num_kv_heads=g, rope_base=100.0 if rope else None, dtype=DTYPE)
+    mha = DecoderAttention(d_model, h, bias, num_kv_heads=g, rope_base=100.0 if rope else None, d_k=d_k, dtype=DTYPE)
     if bias:
         _random_biases(mha, gen)
     query = torch.randn(B, n_q, d_model, generator=gen, dtype=DTYPE)
@@ -151,11 +161,14 @@ def decoder_cases(draw: st.DrawFn, cross_ok: bool = True) -> Case:
 # ---- weights in attnlib's layout (the interop round trips) --------------------------------
 
 
-def random_weights(d_model: int, bias: bool, seed: int) -> AttentionWeights:
-    """W^Q, W^K, W^V, W^O (d_model, d_model) and, with ``bias``, four (d_model,) biases."""
+def random_weights(d_model: int, bias: bool, seed: int, heads_width: int | None = None) -> AttentionWeights:
+    """W^Q, W^K, W^V (d_model, D), W^O (D, d_model) and, with ``bias``, biases (D,) and
+    (d_model,); ``D = heads_width`` (h*d_k), ``d_model`` by default."""
     g = torch.Generator().manual_seed(seed)
-    w = [torch.randn(d_model, d_model, generator=g, dtype=DTYPE) for _ in range(4)]
-    b = [torch.randn(d_model, generator=g, dtype=DTYPE) if bias else None for _ in range(4)]
+    D = d_model if heads_width is None else heads_width
+    w = [torch.randn(d_model, D, generator=g, dtype=DTYPE) for _ in range(3)] + [
+        torch.randn(D, d_model, generator=g, dtype=DTYPE)]
+    b = [torch.randn(n, generator=g, dtype=DTYPE) if bias else None for n in (D, D, D, d_model)]
     return AttentionWeights(*w, *b)
 
 

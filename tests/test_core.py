@@ -90,11 +90,27 @@ def test_one_rule_across_modules() -> None:
 
 
 # ---- AttentionWeights, Biases and the packing --------------------------------------------------
-def _weights(d: int, bias: bool, seed: int = 0) -> AttentionWeights:
+def _weights(d: int, bias: bool, seed: int = 0, width: int | None = None) -> AttentionWeights:
+    """d_model = d; heads of total width ``width`` (h*d_k, d by default)."""
     g = torch.Generator().manual_seed(seed)
-    w = [torch.randn(d, d, generator=g) for _ in range(4)]
-    b = [torch.randn(d, generator=g) for _ in range(4)] if bias else [None] * 4
+    D = d if width is None else width
+    w = [torch.randn(d, D, generator=g) for _ in range(3)] + [torch.randn(D, d, generator=g)]
+    b = [torch.randn(n, generator=g) for n in (D, D, D, d)] if bias else [None] * 4
     return AttentionWeights(*w, *b)
+
+
+def test_heads_of_any_width_in_the_record_and_the_checks() -> None:
+    w = _weights(4, True, width=6)
+    assert (w.d_model, w.heads_width) == (4, 6) and w.b_o.shape == (4,)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"b_q must have shape \(h\*d_k,\) = \(6,\) for w_q of shape \(4, 6\), got \(4,\)"):
+        AttentionWeights(w.w_q, w.w_k, w.w_v, w.w_o, w.b_o, w.b_k, w.b_v, w.b_o)
+    with pytest.raises(ValueError, match=r"w_o must have shape \(h\*d_v, d_model\) = \(6, 4\)"):
+        AttentionWeights(w.w_q, w.w_k, w.w_v, w.w_o.T)
+    with pytest.raises(ValueError, match=r"w_qkv must have shape \(d_model, 3\*h\*d_k\), got \(4, 7\)"):
+        split_qkv(torch.zeros(4, 7), None, torch.zeros(2, 4), None)
+    assert check_heads(6, 4, 5) == 5 and check_heads(8, 4) == 2
+    with pytest.raises(ValueError, match="d_k must be a positive int, got 0"):
+        check_heads(8, 4, 0)
 
 
 def test_biases_record() -> None:
@@ -114,12 +130,14 @@ def test_weights_type_errors() -> None:
 
 
 @FAST
-@given(st.integers(1, 6), st.booleans(), st.integers(0, 2**16))
-def test_pack_then_split_is_the_identity(d: int, bias: bool, seed: int) -> None:
-    w = _weights(d, bias, seed)
+@given(st.integers(1, 6), st.booleans(), st.integers(0, 2**16), st.sampled_from([None, 1, 7]))
+def test_pack_then_split_is_the_identity(d: int, bias: bool, seed: int, width: int | None) -> None:
+    """Also for heads of another total width D = h*d_k than d_model (``width``)."""
+    w = _weights(d, bias, seed, width)
+    D = w.heads_width
     w_qkv, b_qkv = pack_qkv(w)
-    assert w_qkv.shape == (d, 3 * d) and (b_qkv is None) == (not bias)
-    assert torch.equal(w_qkv[:, d : 2 * d], w.w_k)
+    assert w_qkv.shape == (d, 3 * D) and (b_qkv is None) == (not bias)
+    assert torch.equal(w_qkv[:, D : 2 * D], w.w_k)
     back = split_qkv(w_qkv, b_qkv, w.w_o, w.b_o)
     for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
         a, b = getattr(back, name), getattr(w, name)

@@ -29,6 +29,8 @@ from strategies import assert_same_weights, examples, random_weights
 
 # (d_model, num_heads) with d_model divisible by num_heads, small enough to be fast
 dims = st.sampled_from([(4, 1), (4, 2), (6, 3), (8, 2), (8, 4), (12, 3), (16, 4)])
+# (d_model, num_heads, h*d_k): the paper's h*d_k = d_model, or heads of another width
+widths = dims.flatmap(lambda dh: st.tuples(st.just(dh[0]), st.just(dh[1]), st.sampled_from([dh[0], dh[1], 3 * dh[1]])))
 seeds = st.integers(0, 2**16)
 
 
@@ -42,14 +44,15 @@ def split_heads(t: Tensor, h: int) -> Tensor:
 
 
 def packed_forward(c_attn: nn.Module, c_proj: nn.Module, x: Tensor, h: int) -> Tensor:
-    """Causal self-attention the way nanoGPT (and GPT-2) run a packed projection."""
+    """Causal self-attention the way nanoGPT (and GPT-2) run a packed projection
+    (``D = h*d_k``, ``d`` in nanoGPT)."""
     B, n, d = x.shape
-    q, k, v = c_attn(x).split(d, dim=2)  # each (B, n, d)
+    q, k, v = c_attn(x).chunk(3, dim=2)  # each (B, n, D)
     q, k, v = split_heads(q, h), split_heads(k, h), split_heads(v, h)  # (B, h, n, d_k)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // h)  # (B, h, n, n)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, h, n, n)
     scores = scores.masked_fill(~causal(n), float("-inf"))
     y = torch.softmax(scores, dim=-1) @ v  # (B, h, n, d_k)
-    y = y.transpose(1, 2).contiguous().view(B, n, d)  # (B, n, d)
+    y = y.transpose(1, 2).contiguous().view(B, n, -1)  # (B, n, D)
     return c_proj(y)  # (B, n, d)
 
 
@@ -69,21 +72,23 @@ class Conv1DLike(nn.Module):
 
 
 @examples(30)
-@given(dims, st.booleans(), seeds)
-def test_packed_linear_round_trip(dh: tuple[int, int], bias: bool, seed: int) -> None:
-    w = random_weights(dh[0], bias, seed)
+@given(widths, st.booleans(), seeds)
+def test_packed_linear_round_trip(dhw: tuple[int, int, int], bias: bool, seed: int) -> None:
+    d, _, hd = dhw
+    w = random_weights(d, bias, seed, heads_width=hd)
     layers = write_packed_linear(w)
-    assert layers["c_attn"].weight.shape == (3 * dh[0], dh[0])
+    assert layers["c_attn"].weight.shape == (3 * hd, d) and layers["c_proj"].weight.shape == (d, hd)
     pairs = {name: (lin.weight, lin.bias) for name, lin in layers.items()}
     assert_same_weights(read_packed_linear(**pairs), w)
 
 
 @examples(30)
-@given(dims, st.booleans(), seeds)
-def test_conv1d_round_trip(dh: tuple[int, int], bias: bool, seed: int) -> None:
-    w = random_weights(dh[0], bias, seed)
+@given(widths, st.booleans(), seeds)
+def test_conv1d_round_trip(dhw: tuple[int, int, int], bias: bool, seed: int) -> None:
+    d, _, hd = dhw
+    w = random_weights(d, bias, seed, heads_width=hd)
     tensors = write_conv1d(w)
-    assert tensors["c_attn"][0].shape == (dh[0], 3 * dh[0])
+    assert tensors["c_attn"][0].shape == (d, 3 * hd) and tensors["c_proj"][0].shape == (hd, d)
     assert_same_weights(read_conv1d(**tensors), w)
 
 
@@ -175,25 +180,28 @@ def test_conv1d_layout_matches_transformers_conv1d() -> None:
 
 
 @examples(25)
-@given(dims, st.booleans(), seeds)
-def test_every_layout_computes_the_same_outputs(dh: tuple[int, int], bias: bool, seed: int) -> None:
-    """One set of weights written to every layout: five implementations, one function."""
-    d, h = dh
-    w = random_weights(d, bias, seed)
+@given(widths, st.booleans(), seeds)
+def test_every_layout_computes_the_same_outputs(dhw: tuple[int, int, int], bias: bool, seed: int) -> None:
+    """One set of weights written to every layout: five implementations, one function
+    (four where the heads are not d_model / h wide, which torch's module cannot hold)."""
+    d, h, hd = dhw
+    w = random_weights(d, bias, seed, heads_width=hd)
     x = torch.randn(2, 4, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         ours, _ = MultiHeadAttention.from_weights(w, h)(x, x, x, mask=causal(4))
-        torch_mha = write_torch_mha(w, h, batch_first=True)
-        via_torch, _ = torch_mha(x, x, x, attn_mask=~causal(4), need_weights=False)
+        others = []
+        if hd == d:
+            torch_mha = write_torch_mha(w, h, batch_first=True)
+            others.append(torch_mha(x, x, x, attn_mask=~causal(4), need_weights=False)[0])
         sep = write_separate_linear(w)
         q, k, v = (split_heads(sep[r](x), h) for r in "qkv")  # (B, h, n, d_k)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal(4))  # (B, h, n, d_k)
-        via_separate = sep["o"](y.transpose(1, 2).reshape(2, 4, d))
+        others.append(sep["o"](y.transpose(1, 2).reshape(2, 4, hd)))
         lin = write_packed_linear(w)
-        via_packed = packed_forward(lin["c_attn"], lin["c_proj"], x, h)
+        others.append(packed_forward(lin["c_attn"], lin["c_proj"], x, h))
         t = write_conv1d(w)
-        via_conv1d = packed_forward(Conv1DLike(*t["c_attn"]), Conv1DLike(*t["c_proj"]), x, h)
-    for other in (via_torch, via_separate, via_packed, via_conv1d):
+        others.append(packed_forward(Conv1DLike(*t["c_attn"]), Conv1DLike(*t["c_proj"]), x, h))
+    for other in others:
         torch.testing.assert_close(other, ours)
     # reading each layout back gives identical weights
     pairs = {r: (sep[r].weight, sep[r].bias) for r in "qkvo"}
@@ -212,16 +220,16 @@ good_proj = (torch.randn(d, d), torch.randn(d))
     ("read", "c_attn", "c_proj", "message"),
     [
         (read_packed_linear, (torch.randn(d, 3 * d), None), (torch.randn(d, d), None),
-         r"c_attn weight must have shape \(3\*d_model, d_model\).*got \(4, 12\)"),
+         r"c_attn weight must have shape \(3\*h\*d_k, d_model\), nn.Linear \(out, in\), got \(4, 12\)"),
         (read_packed_linear, (torch.randn(3 * d), None), good_proj, r"c_attn weight .* got \(12,\)"),
         (read_packed_linear, (torch.randn(0, 0), None), (torch.randn(0, 0), None), r"c_attn weight .* got \(0, 0\)"),
         (read_packed_linear, good_linear, (torch.randn(d, d + 1), torch.randn(d)),
-         r"c_proj weight must have shape \(d_model, d_model\) = \(4, 4\).*got \(4, 5\)"),
+         r"c_proj weight must have shape \(d_model, h\*d_v\) = \(4, 4\), nn.Linear.*got \(4, 5\)"),
         (read_packed_linear, (good_linear[0], torch.randn(d)), good_proj,
-         r"c_attn bias must have shape \(3\*d_model,\) = \(12,\), got \(4,\)"),
+         r"c_attn bias must have shape \(3\*h\*d_k,\) = \(12,\), got \(4,\)"),
         (read_packed_linear, good_linear, (good_proj[0], torch.randn(3 * d)),
          r"c_proj bias must have shape \(d_model,\) = \(4,\), got \(12,\)"),
-        (read_conv1d, good_linear, good_proj, r"c_attn weight must have shape \(d_model, 3\*d_model\).*got \(12, 4\)"),
+        (read_conv1d, good_linear, good_proj, r"c_attn weight must have shape \(d_model, 3\*h\*d_k\), Conv1D.*got \(12, 4\)"),
         (read_conv1d, good_conv, (torch.randn(2 * d, d), torch.randn(d)), r"c_proj weight .* = \(4, 4\).*got \(8, 4\)"),
         (read_conv1d, (good_conv[0], torch.randn(3 * d, 1)), good_proj, r"c_attn bias .* got \(12, 1\)"),
     ],

@@ -58,7 +58,8 @@ def _llama_causal(attn: nn.Module, config: LlamaConfig, x: torch.Tensor) -> tupl
         return attn(x, position_embeddings=(cos, sin), attention_mask=additive)
 
 
-@pytest.mark.parametrize("kw", [{}, {"num_key_value_heads": 1}, {"num_key_value_heads": 4}, {"attention_bias": True}])
+@pytest.mark.parametrize("kw", [{}, {"num_key_value_heads": 1}, {"num_key_value_heads": 4}, {"attention_bias": True},
+                                {"head_dim": 16}, {"head_dim": 4, "num_key_value_heads": 1}])  # h*d_k = 64, 16 != 32
 def test_llama_attention_outputs_and_weights_reproduced(kw: dict[str, object]) -> None:
     config = _config(**kw)
     attn = _llama(config)
@@ -89,18 +90,20 @@ def test_llama_attention_reproduced_by_cached_decoding() -> None:
     assert cache.nbytes == 2 * 1 * 6 * 2 * 8 * 4  # 2 B n g d_k itemsize
 
 
-def _random_grouped(bias: bool, seed: int = 0) -> GroupedAttentionWeights:
+def _random_grouped(bias: bool, seed: int = 0, d_k: int = 2) -> GroupedAttentionWeights:
+    """d_model = 12, h = 6 heads of width d_k (2: h*d_k = d_model), g = 2 key/value heads."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    b = (r(12), r(4), r(4), r(12)) if bias else (None, None, None, None)
-    return GroupedAttentionWeights(r(12, 12), r(12, 4), r(12, 4), r(12, 12), 6, 2, *b, rope_base=500.0)
+    hd, gd = 6 * d_k, 2 * d_k
+    b = (r(hd), r(gd), r(gd), r(12)) if bias else (None, None, None, None)
+    return GroupedAttentionWeights(r(12, hd), r(12, gd), r(12, gd), r(hd, 12), 6, 2, *b, rope_base=500.0)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_write_then_read_gives_the_weights_back(bias: bool) -> None:
-    w = _random_grouped(bias)
+@pytest.mark.parametrize(("bias", "d_k"), [(False, 2), (True, 2), (True, 4)])
+def test_write_then_read_gives_the_weights_back(bias: bool, d_k: int) -> None:
+    w = _random_grouped(bias, d_k=d_k)
     layers = write_llama(w)
-    assert layers["q_proj"].weight.shape == (12, 12) and layers["k_proj"].weight.shape == (4, 12)
+    assert layers["q_proj"].weight.shape == (6 * d_k, 12) and layers["k_proj"].weight.shape == (2 * d_k, 12)
     again = read_llama(layers, num_heads=6, rope_base=500.0)
     assert again.num_kv_heads == 2 and again.rope_base == 500.0
     for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
@@ -146,8 +149,6 @@ def test_read_llama_errors() -> None:
         read_llama(_llama(_config(rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0})))
     with pytest.raises(ValueError, match="attention_dropout=0.1 > 0"):
         read_llama(_llama(_config(attention_dropout=0.1)))
-    with pytest.raises(ValueError, match=r"head_dim \(16\) \* num_attention_heads \(4\) must equal hidden_size \(32\)"):
-        read_llama(_llama(_config(head_dim=16)))
     attn = _llama(_config())
     attn.config.num_key_value_heads = 1
     with pytest.raises(ValueError, match="config.num_key_value_heads = 1"):
@@ -167,9 +168,9 @@ def test_read_llama_errors() -> None:
     [
         ({"num_kv_heads": 4}, r"num_kv_heads \(4\) must divide num_heads \(6\)"),
         ({"num_heads": 0}, "num_heads must be a positive int, got 0"),
-        ({"num_heads": 8, "num_kv_heads": 4}, r"d_model \(12\) must be divisible by num_heads \(8\)"),
-        ({"w_q": torch.zeros(12, 6)}, r"w_q must have shape \(d_model, d_model\)"),
-        ({"w_k": torch.zeros(12, 12)}, r"w_k must have shape \(12, 4\) for d_model=12, num_heads=6, num_kv_heads=2, got \(12, 12\)"),
+        ({"num_heads": 8, "num_kv_heads": 4}, r"w_q must have shape \(d_model, h\*d_k\) with num_heads=8 heads, got \(12, 12\)"),
+        ({"w_q": torch.zeros(12, 7)}, r"w_q must have shape \(d_model, h\*d_k\) with num_heads=6 heads, got \(12, 7\)"),
+        ({"w_k": torch.zeros(12, 12)}, r"w_k must have shape \(12, 4\) for d_model=12, num_heads=6, num_kv_heads=2, d_k=2, got \(12, 12\)"),
         ({"b_q": torch.zeros(12)}, "all four projections or for none"),
         ({"b_q": torch.zeros(4)}, r"b_q must have shape \(12,\)"),
         ({"rope_base": 1}, r"rope_base \(RoPE's theta\) must be > 1"),

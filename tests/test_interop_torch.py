@@ -51,13 +51,14 @@ def test_torch_mha_round_trip(dh: tuple[int, int], bias: bool, batch_first: bool
 
 
 @examples(30)
-@given(sizes, st.booleans(), st.integers(0, 2**31 - 1))
-def test_separate_linear_round_trip(dh: tuple[int, int], bias: bool, seed: int) -> None:
+@given(sizes, st.booleans(), st.integers(0, 2**31 - 1), st.sampled_from([None, 1, 3]))
+def test_separate_linear_round_trip(dh: tuple[int, int], bias: bool, seed: int, width: int | None) -> None:
     """weights -> four nn.Linear -> weights is the identity, and the four layers with
-    per-head attention between them compute what MultiHeadAttention computes."""
+    per-head attention between them compute what MultiHeadAttention computes; also for
+    heads of another width than d_model / h (``width``: d_k)."""
     d_model, h = dh
-    d_k = d_model // h
-    w = random_weights(d_model, bias, seed)
+    d_k = d_model // h if width is None else width
+    w = random_weights(d_model, bias, seed, heads_width=h * d_k)
     layers = write_separate_linear(w)
     assert set(layers) == {"q", "k", "v", "o"}
     for name, lin in layers.items():
@@ -72,7 +73,7 @@ def test_separate_linear_round_trip(dh: tuple[int, int], bias: bool, seed: int) 
         return t.view(2, 4, h, d_k).transpose(1, 2)  # (B, h, n, d_k)
 
     heads, _ = attention(split(layers["q"](x)), split(layers["k"](x)), split(layers["v"](x)))  # (B, h, n, d_v)
-    out = layers["o"](heads.transpose(1, 2).reshape(2, 4, d_model))  # (B, n, d_model)
+    out = layers["o"](heads.transpose(1, 2).reshape(2, 4, h * d_k))  # (B, n, d_model)
     torch.testing.assert_close(out, MultiHeadAttention.from_weights(w, h)(x, x, x)[0], **TOL)
 
 
@@ -103,22 +104,29 @@ def test_torch_attn_mask_matches_torch() -> None:
 
 def test_error_weights_shape() -> None:
     w = random_weights(4, True, 0)
-    with pytest.raises(ValueError, match=r"w_k must have shape \(d_model, d_model\) = \(4, 4\), got \(4, 3\)"):
+    with pytest.raises(ValueError, match=r"w_k must have shape \(d_model, h\*d_k\) = \(4, 4\) for w_q of shape \(4, 4\), got \(4, 3\)"):
         AttentionWeights(w.w_q, w.w_k[:, :3], w.w_v, w.w_o)
-    with pytest.raises(ValueError, match=r"b_o must have shape \(d_model,\) = \(4,\), got \(5,\)"):
+    with pytest.raises(ValueError, match=r"b_o must have shape \(d_model,\) = \(4,\) for w_q of shape \(4, 4\), got \(5,\)"):
         AttentionWeights(w.w_q, w.w_k, w.w_v, w.w_o, w.b_q, w.b_k, w.b_v, torch.zeros(5))
-    with pytest.raises(ValueError, match=r"w_q must have shape \(d_model, d_model\) = \(-1, -1\), got \(4,\)"):
+    with pytest.raises(ValueError, match=r"w_o must have shape \(h\*d_v, d_model\) = \(4, 4\) for w_q of shape \(4, 4\), got \(4, 3\)"):
+        AttentionWeights(w.w_q, w.w_k, w.w_v, w.w_o[:, :3])
+    with pytest.raises(ValueError, match=r"w_q must have shape \(d_model, h\*d_k\), got \(4,\)"):
         AttentionWeights(w.w_q[0], w.w_k, w.w_v, w.w_o)
     with pytest.raises(ValueError, match="biases must be given for all four projections or for none"):
         AttentionWeights(w.w_q, w.w_k, w.w_v, w.w_o, b_q=w.b_q)
 
 
-def test_error_separate_linear_not_square() -> None:
+def test_error_separate_linear_shapes() -> None:
+    """q, k, v: (h*d_k, d_model); o: (d_model, h*d_v): square in the paper, not necessarily."""
     sq, rect = torch.zeros(4, 4), torch.zeros(4, 3)
-    with pytest.raises(ValueError, match=r"k weight must be square \(d_model, d_model\), got \(4, 3\)"):
+    with pytest.raises(ValueError, match=r"k weight must have shape \(h\*d_k, d_model\) = \(4, 4\) to match q's, got \(4, 3\)"):
         read_separate_linear((sq, None), (rect, None), (sq, None), (sq, None))
-    with pytest.raises(ValueError, match=r"o weight must be square \(d_model, d_model\), got \(4,\)"):
+    with pytest.raises(ValueError, match=r"o weight must have shape \(d_model, h\*d_v\) = \(4, 4\) to match q's, got \(4,\)"):
         read_separate_linear((sq, None), (sq, None), (sq, None), (sq[0], None))
+    with pytest.raises(ValueError, match=r"q weight must have shape \(h\*d_k, d_model\), got \(4,\)"):
+        read_separate_linear((sq[0], None), (sq, None), (sq, None), (sq, None))
+    w = read_separate_linear((rect.T, None), (rect.T, None), (rect.T, None), (rect, None))  # h*d_k = 3, d_model = 4
+    assert (w.d_model, w.heads_width, w.w_o.shape) == (4, 3, (3, 4))
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor, nn
@@ -105,7 +106,7 @@ def _backward(out: Tensor, seed: int = 0) -> None:
 
 
 @SETTINGS
-@given(cases())
+@given(cases(any_width=True))
 def test_separate_equals_fused_forward(case: Case) -> None:
     sep = SeparateHeadsAttention.from_fused(case.mha)
     out_f, w_f = case.mha(*case.inputs, mask=case.mask)
@@ -130,7 +131,7 @@ def test_fused_equals_torch_forward(case: Case, batch_first: bool) -> None:
 
 
 @SETTINGS
-@given(cases(masks=("none", "padding", "causal", "padding+causal", "per_head", "random")))
+@given(cases(masks=("none", "padding", "causal", "padding+causal", "per_head", "random"), any_width=True))
 def test_need_weights_false_gives_same_output(case: Case) -> None:
     """The fast path (SDPA) gives the same output; also with all-masked rows ("random")."""
     mask = case.mask
@@ -153,7 +154,7 @@ def test_need_weights_false_gives_same_output(case: Case) -> None:
 
 
 @SETTINGS
-@given(cases(), st.booleans())
+@given(cases(any_width=True), st.booleans())
 def test_no_grad_forward_equals_autograd_forward(case: Case, need_weights: bool) -> None:
     """Under torch.no_grad (no graph kept) the result is the same."""
     for module in (case.mha, SeparateHeadsAttention.from_fused(case.mha)):
@@ -192,15 +193,19 @@ def test_all_masked_query_reads_nothing() -> None:
 
 
 @SETTINGS
-@given(cases())
+@given(cases(any_width=True))
 def test_gradients_separate_fused_torch(case: Case) -> None:
     """d(out)/d(inputs) and d(out)/d(weights) agree; separate head i's w_q[i].grad is
-    the matching column block of the fused w_q.grad (likewise every role)."""
+    the matching column block of the fused w_q.grad (likewise every role). torch's module
+    joins where its heads are d_model / h wide."""
     mha = case.mha
     sep = SeparateHeadsAttention.from_fused(mha)
-    m = mha.to_torch()
+    square = mha.num_heads * mha.d_k == mha.d_model
+    m = mha.to_torch() if square else None
     grads = {}
     for name, module in (("fused", mha), ("separate", sep), ("torch", m)):
+        if module is None:
+            continue
         module.zero_grad()
         q, k, v = _leaves(case)
         if name == "torch":
@@ -210,12 +215,12 @@ def test_gradients_separate_fused_torch(case: Case) -> None:
         _backward(out)
         grads[name] = (_input_grads(q, k, v), module)
     ref_inputs = grads["fused"][0]
-    for name in ("separate", "torch"):
+    for name in grads:
         for g, g_ref in zip(grads[name][0], ref_inputs, strict=True):
             torch.testing.assert_close(g, g_ref, **TOL)
     ref = _grads_fused(mha)
     assert set(ref) == ({"w_q", "w_k", "w_v", "w_o"} | ({"b_q", "b_k", "b_v", "b_o"} if mha.bias else set()))
-    for other in (_grads_separate_as_fused(sep), _grads_torch_as_fused(m)):
+    for other in [_grads_separate_as_fused(sep)] + ([_grads_torch_as_fused(m)] if m is not None else []):
         assert set(other) == set(ref)
         for n in ref:
             torch.testing.assert_close(other[n], ref[n], **TOL, msg=lambda s, n=n: f"{n}: {s}")
@@ -270,7 +275,7 @@ def test_from_torch_round_trip(h: int, d_k: int, bias: bool, batch_first: bool, 
 
 
 @SETTINGS
-@given(cases(masks=("none",)))
+@given(cases(masks=("none",), any_width=True))
 def test_separate_fused_and_weights_round_trips(case: Case) -> None:
     mha = case.mha
     back = SeparateHeadsAttention.from_fused(mha).to_fused()
@@ -524,3 +529,51 @@ def test_the_plain_layer_has_no_decoder_options_and_no_aliases() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         exec("from attnlib.multihead import *", {})  # fires no deprecation
+
+
+# ---- heads of any width: h * d_k need not be d_model -------------------------------------------
+
+
+@SETTINGS
+@given(h=st.integers(1, 4), d_k=st.integers(1, 5), d_model=st.integers(1, 8), bias=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_heads_of_any_width_compute_the_papers_formula(h: int, d_k: int, d_model: int, bias: bool, seed: int) -> None:
+    """W^Q (d_model, h d_k), W^O (h d_v, d_model): each head is torch's own scaled_dot_product_attention
+    of its projections, and the concatenation goes through W^O, whatever h d_k is."""
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(d_model, h, bias=bias, d_k=d_k, dtype=DTYPE)
+    assert (mha.w_q.shape, mha.w_o.shape, mha.w_q_heads.shape) == ((d_model, h * d_k), (h * d_k, d_model), (h, d_model, d_k))
+    g = torch.Generator().manual_seed(seed)
+    if bias:
+        with torch.no_grad():
+            for b in (mha.b_q, mha.b_k, mha.b_v, mha.b_o):
+                b.copy_(torch.randn(b.shape, generator=g, dtype=DTYPE))  # type: ignore[union-attr]
+    x = torch.randn(2, 4, d_model, generator=g, dtype=DTYPE)
+    y = torch.randn(2, 3, d_model, generator=g, dtype=DTYPE)
+    heads = []
+    for i in range(h):
+        hw = mha.head(i)
+        q, k, v = (F.linear(t, w.T, b) for t, w, b in ((x, hw.w_q, hw.b_q), (y, hw.w_k, hw.b_k), (y, hw.w_v, hw.b_v)))
+        heads.append(F.scaled_dot_product_attention(q, k, v))  # (B, n_q, d_k): torch's kernel, scale 1/sqrt(d_k)
+    expected = F.linear(torch.cat(heads, dim=-1), mha.w_o.T, mha.b_o)  # (B, n_q, d_model)
+    with torch.no_grad():
+        for need_weights in (True, False):
+            torch.testing.assert_close(mha(x, y, y, need_weights=need_weights)[0], expected, **TOL)
+
+
+def test_heads_of_any_width_errors_and_torch() -> None:
+    """d_k given: no divisibility needed; torch's nn.MultiheadAttention has heads of width
+    embed_dim / num_heads only, so to_torch refuses another width, naming it."""
+    assert MultiHeadAttention(8, 4).d_k == 2 and MultiHeadAttention(6, 4, d_k=5).w_q.shape == (6, 20)
+    assert "d_k=5" in repr(MultiHeadAttention(6, 4, d_k=5))
+    with pytest.raises(ValueError, match=r"d_model \(6\) must be divisible by num_heads \(4\).*or give the head width d_k"):
+        MultiHeadAttention(6, 4, bias=False, d_k=None)
+    for bad, error in ((0, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="d_k must be a positive int"):
+            MultiHeadAttention(8, 2, d_k=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"heads are embed_dim / num_heads wide.*h\*d_k = 12, d_model = 8"):
+        MultiHeadAttention(8, 2, d_k=6).to_torch()
+    w = MultiHeadAttention(8, 2, d_k=6).projections()
+    with pytest.raises(ValueError, match=r"num_heads \(5\) must divide the weights' h\*d_k = 12"):
+        MultiHeadAttention.from_weights(w, 5)
+    assert MultiHeadAttention.from_weights(w, 3).d_k == 4  # the same columns, cut into 3 heads

@@ -43,10 +43,10 @@ def _reference(mha: MultiHeadAttention, query: Tensor, key: Tensor, mask: Tensor
     return out, torch.stack(maps, dim=1)
 
 
-def _repeat_kv_weights(mha: MultiHeadAttention) -> MultiHeadAttention:
+def _repeat_kv_weights(mha: DecoderAttention) -> DecoderAttention:
     """Plain MHA with each K/V column block repeated for its group (repeat_interleave)."""
     h, g, d_k = mha.num_heads, mha.num_kv_heads, mha.d_k
-    plain = DecoderAttention(mha.d_model, h, mha.bias, rope_base=mha.rope_base, dtype=DTYPE)
+    plain = DecoderAttention(mha.d_model, h, mha.bias, rope_base=mha.rope_base, d_k=d_k, dtype=DTYPE)
     idx = torch.arange(g).repeat_interleave(h // g)  # group of each query head
     cols = (idx[:, None] * d_k + torch.arange(d_k)).flatten()  # (h*d_k,)
     with torch.no_grad():

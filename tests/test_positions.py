@@ -320,21 +320,24 @@ def _hf_config(attn: nn.Module) -> object:
     return bloom.BloomConfig(hidden_size=attn.hidden_size, n_head=attn.num_heads, n_layer=1)
 
 
-@given(heads=st.integers(1, 4), d_k=st.integers(1, 4), bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(heads=st.integers(1, 4), d_k=st.integers(1, 4), bias=st.booleans(), seed=st.integers(0, 2**31 - 1),
+       d_model=st.sampled_from([None, 5]))
 @FEW
-def test_bloom_layout_round_trips(heads: int, d_k: int, bias: bool, seed: int) -> None:
-    d = heads * d_k
+def test_bloom_layout_round_trips(heads: int, d_k: int, bias: bool, seed: int, d_model: int | None) -> None:
+    """BLOOM's heads are d / h wide; the layout reads heads of another width (d_model = 5) too."""
+    hd = heads * d_k
+    d = hd if d_model is None else d_model
     names = ("w_q", "w_k", "w_v", "w_o")
-    tensors = {name: _randn(d, d, seed=seed + i) for i, name in enumerate(names)}
+    tensors = {name: _randn(*((hd, d) if name == "w_o" else (d, hd)), seed=seed + i) for i, name in enumerate(names)}
     if bias:
-        tensors.update({f"b_{c}": _randn(d, seed=seed + 10 + i) for i, c in enumerate("qkvo")})
+        tensors.update({f"b_{c}": _randn(d if c == "o" else hd, seed=seed + 10 + i) for i, c in enumerate("qkvo")})
     w = AttentionWeights(**tensors)
     back = read_bloom(write_bloom(w, heads), num_heads=heads)
     for name in names:
         assert torch.equal(getattr(back, name), getattr(w, name))
     for c in "qkvo":
         want = getattr(w, f"b_{c}")
-        assert torch.equal(getattr(back, f"b_{c}"), want if bias else torch.zeros(d, dtype=F64))
+        assert torch.equal(getattr(back, f"b_{c}"), want if bias else torch.zeros(d if c == "o" else hd, dtype=F64))
     # the fused rows are grouped by head: head u's query, key and value rows in turn
     fused = write_bloom(w, heads)["query_key_value"].weight.view(heads, 3, d_k, d)
     assert torch.equal(fused[heads - 1, 1], w.w_k[:, (heads - 1) * d_k :].T)
@@ -356,7 +359,7 @@ def test_bloom_errors() -> None:
     layers = write_bloom(read_bloom(hf), 3)
     with pytest.raises(ValueError, match="num_heads must be given"):
         read_bloom(layers)
-    with pytest.raises(ValueError, match="dividing d"):
+    with pytest.raises(ValueError, match=r"query_key_value.weight must be \(3\*h\*d_k, d\) and dense.weight \(d, h\*d_k\) with num_heads=5"):
         read_bloom(layers, num_heads=5)
     with pytest.raises(TypeError, match="dense"):
         read_bloom(nn.ModuleDict({"query_key_value": layers["query_key_value"]}), num_heads=3)

@@ -26,7 +26,8 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
     ``query_key_value.weight`` ``(3d, d)`` viewed as ``(h, 3, d_k, d)``: block ``[i, 0]``
     is :math:`(W^Q_i)^\top`, ``[i, 1]`` :math:`(W^K_i)^\top`, ``[i, 2]``
     :math:`(W^V_i)^\top`; its bias ``(3d,)`` is viewed as ``(h, 3, d_k)`` the same way;
-    ``dense.weight`` ``(d, d)`` is :math:`(W^O)^\top`. The positions (ALiBi) are not
+    ``dense.weight`` ``(d, d)`` is :math:`(W^O)^\top`. (BLOOM's heads are ``d / h`` wide;
+    heads of another width ``d_k`` read the same way, from ``(3 h d_k, d)`` and ``(d, h d_k)``.) The positions (ALiBi) are not
     weights: :class:`attnlib.decoding.AlibiAttention` adds them.
 
     Args:
@@ -37,7 +38,7 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
     Raises:
         TypeError: a projection missing, not an ``nn.Linear`` or without bias.
         ValueError: ``num_heads`` missing or disagreeing with ``attn.num_heads``; shapes
-            that do not fit ``(3d, d)`` and ``(d, d)`` with ``h`` dividing ``d``; dropout > 0
+            that do not fit ``(3 h d_k, d)`` and ``(d, h d_k)``; dropout > 0
             in ``attn`` (``attention_dropout``).
     """
     layers: dict[str, nn.Linear] = {}
@@ -57,14 +58,14 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
     dropout = getattr(attn, "attention_dropout", None)
     if isinstance(dropout, nn.Dropout) and dropout.p > 0:
         raise ValueError(f"attention_dropout p={dropout.p} > 0: attnlib has no dropout; set it to 0 (inference)")
-    w, b = layers["query_key_value"].weight.detach(), layers["query_key_value"].bias.detach()  # (3d, d), (3d,)
-    d = w.shape[1]
-    if w.shape != (3 * d, d) or d % h or layers["dense"].weight.shape != (d, d):
+    w, b = layers["query_key_value"].weight.detach(), layers["query_key_value"].bias.detach()  # (3D, d), (3D,)
+    three_hd, d = w.shape
+    d_k = three_hd // (3 * h)
+    if d_k == 0 or three_hd != 3 * h * d_k or layers["dense"].weight.shape != (d, h * d_k):
         raise ValueError(
-            f"query_key_value.weight must be (3d, d) and dense.weight (d, d) with num_heads={h} dividing d, "
+            f"query_key_value.weight must be (3*h*d_k, d) and dense.weight (d, h*d_k) with num_heads={h}, "
             f"got {format_shape(w)} and {format_shape(layers['dense'].weight)}"
         )
-    d_k = d // h
     blocks = w.view(h, 3, d_k, d)  # (h, q/k/v, d_k, d): head i's three (d_k, d) blocks
     biases = b.view(h, 3, d_k)  # (h, q/k/v, d_k)
 
@@ -85,26 +86,26 @@ def write_bloom(weights: AttentionWeights, num_heads: int) -> nn.ModuleDict:
 
     Raises:
         TypeError: ``weights`` not an :class:`~attnlib.AttentionWeights`.
-        ValueError: ``num_heads`` not a positive int dividing ``d_model``.
+        ValueError: ``num_heads`` not a positive int dividing ``h*d_k`` (``d_model`` in BLOOM).
     """
     if not isinstance(weights, AttentionWeights):
         raise TypeError(f"weights must be an AttentionWeights, got {type(weights).__name__}")
-    h, d = check_positive_int("num_heads", num_heads), weights.d_model
-    if d % h:
-        raise ValueError(f"num_heads ({h}) must divide d_model ({d})")
-    d_k, w0 = d // h, weights.w_q
+    h, d, hd = check_positive_int("num_heads", num_heads), weights.d_model, weights.heads_width
+    if hd % h:
+        raise ValueError(f"num_heads ({h}) must divide h*d_k ({hd})")
+    d_k, w0 = hd // h, weights.w_q
 
-    def bias(t: Tensor | None) -> Tensor:
-        return torch.zeros(d, device=w0.device, dtype=w0.dtype) if t is None else t
+    def bias(t: Tensor | None, width: int) -> Tensor:
+        return torch.zeros(width, device=w0.device, dtype=w0.dtype) if t is None else t
 
     per_head = [w.T.reshape(h, d_k, d) for w in (weights.w_q, weights.w_k, weights.w_v)]  # (h, d_k, d) each
-    fused_w = torch.stack(per_head, dim=1).reshape(3 * d, d)  # (h, 3, d_k, d) -> (3d, d)
-    fused_b = torch.stack([bias(t).reshape(h, d_k) for t in (weights.b_q, weights.b_k, weights.b_v)], 1)  # (h, 3, d_k)
-    qkv = nn.Linear(d, 3 * d, device=w0.device, dtype=w0.dtype)
-    dense = nn.Linear(d, d, device=w0.device, dtype=w0.dtype)
+    fused_w = torch.stack(per_head, dim=1).reshape(3 * hd, d)  # (h, 3, d_k, d) -> (3D, d)
+    fused_b = torch.stack([bias(t, hd).reshape(h, d_k) for t in (weights.b_q, weights.b_k, weights.b_v)], 1)  # (h, 3, d_k)
+    qkv = nn.Linear(d, 3 * hd, device=w0.device, dtype=w0.dtype)
+    dense = nn.Linear(hd, d, device=w0.device, dtype=w0.dtype)
     with torch.no_grad():
         qkv.weight.copy_(fused_w)
-        qkv.bias.copy_(fused_b.reshape(3 * d))
+        qkv.bias.copy_(fused_b.reshape(3 * hd))
         dense.weight.copy_(weights.w_o.T)  # (d_out, d_in)
-        dense.bias.copy_(bias(weights.b_o))
+        dense.bias.copy_(bias(weights.b_o, d))
     return nn.ModuleDict({"query_key_value": qkv, "dense": dense})

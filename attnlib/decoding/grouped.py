@@ -52,9 +52,10 @@ class GroupedAttentionWeights:
     paper orientation (each weight used as ``x @ w``).
 
     ``w_q``: ``(d_model, h*d_k)``, ``w_k``, ``w_v``: ``(d_model, g*d_k)``,
-    ``w_o``: ``(h*d_k, d_model)`` with ``h*d_k = d_model``, ``h = num_heads``,
-    ``g = num_kv_heads`` dividing ``h``; biases ``(h*d_k,)`` / ``(g*d_k,)`` / ``(d_model,)``,
-    all four or none. Query head ``i`` reads key/value group ``i // (h/g)``.
+    ``w_o``: ``(h*d_k, d_model)``, ``h = num_heads``, ``g = num_kv_heads`` dividing ``h``,
+    any head width ``d_k`` (:attr:`d_k`, from ``w_q``'s columns; ``h*d_k = d_model`` in the
+    paper, not in Llama with its own ``head_dim``); biases ``(h*d_k,)`` / ``(g*d_k,)`` /
+    ``(d_model,)``, all four or none. Query head ``i`` reads key/value group ``i // (h/g)``.
     ``rope_base``: RoPE's theta, or ``None`` for no RoPE.
     """
 
@@ -78,15 +79,15 @@ class GroupedAttentionWeights:
         for name in ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"):
             if not (name.startswith("b_") and getattr(self, name) is None):
                 check_tensor(name, getattr(self, name))
-        if self.w_q.dim() != 2 or self.w_q.shape[0] != self.w_q.shape[1]:
-            raise ValueError(f"w_q must have shape (d_model, d_model) (h*d_k = d_model), got {format_shape(self.w_q)}")
-        d = int(self.w_q.shape[0])
-        if d % h:
-            raise ValueError(f"d_model ({d}) must be divisible by num_heads ({h})")
-        d_kv = g * (d // h)
+        if self.w_q.dim() != 2 or self.w_q.shape[1] % h or not self.w_q.shape[1]:
+            raise ValueError(
+                f"w_q must have shape (d_model, h*d_k) with num_heads={h} heads, got {format_shape(self.w_q)}"
+            )
+        d, hd = int(self.w_q.shape[0]), int(self.w_q.shape[1])
+        d_kv = g * (hd // h)
         expected = {
-            "w_k": (d, d_kv), "w_v": (d, d_kv), "w_o": (d, d),
-            "b_q": (d,), "b_k": (d_kv,), "b_v": (d_kv,), "b_o": (d,),
+            "w_k": (d, d_kv), "w_v": (d, d_kv), "w_o": (hd, d),
+            "b_q": (hd,), "b_k": (d_kv,), "b_v": (d_kv,), "b_o": (d,),
         }
         for name, shape in expected.items():
             t = getattr(self, name)
@@ -95,7 +96,7 @@ class GroupedAttentionWeights:
             if tuple(t.shape) != shape:
                 raise ValueError(
                     f"{name} must have shape {format_shape(shape)} for d_model={d}, num_heads={h}, "
-                    f"num_kv_heads={g}, got {format_shape(t)}"
+                    f"num_kv_heads={g}, d_k={hd // h}, got {format_shape(t)}"
                 )
         has_bias = [getattr(self, n) is not None for n in ("b_q", "b_k", "b_v", "b_o")]
         if any(has_bias) and not all(has_bias):
@@ -106,6 +107,11 @@ class GroupedAttentionWeights:
     @property
     def d_model(self) -> int:
         return int(self.w_q.shape[0])
+
+    @property
+    def d_k(self) -> int:
+        """The head width: ``w_q``'s columns over ``num_heads``."""
+        return int(self.w_q.shape[1]) // self.num_heads
 
     @property
     def bias(self) -> bool:
@@ -171,7 +177,8 @@ class DecoderAttention(MultiHeadAttention):
     grouped keys and values (``num_kv_heads``), RoPE (``rope_base``) and the KV cache
     (``cache=`` in the call). See the module's docstring for each.
 
-    ``DecoderAttention(d_model, num_heads, bias=True, *, num_kv_heads=None, rope_base=None)``;
+    ``DecoderAttention(d_model, num_heads, bias=True, *, num_kv_heads=None, rope_base=None, d_k=None)``
+    (``d_k``, the head width, as in the parent);
     with both left at their defaults and no cache it computes exactly what its parent does.
     ``w_k``, ``w_v`` are ``(d_model, g*d_k)`` and ``w_k_heads``, ``w_v_heads``
     ``(g, d_model, d_k)``: one block per key/value group.
@@ -188,12 +195,13 @@ class DecoderAttention(MultiHeadAttention):
         *,
         num_kv_heads: int | None = None,
         rope_base: float | None = None,
+        d_k: int | None = None,
         device: Device = None,
         dtype: DType = None,
     ) -> None:
         # the parent checks the sizes and lays out its parameters on the meta device (no
         # memory, nothing drawn); they are made here, w_k and w_v with g groups of d_k columns
-        super().__init__(d_model, num_heads, bias, device="meta", dtype=dtype)
+        super().__init__(d_model, num_heads, bias, d_k=d_k, device="meta", dtype=dtype)
         self.num_kv_heads = _check_kv_heads(num_heads, num_kv_heads)
         self.rope_base = _check_rope(rope_base, self.d_k)
         d_kv = self.num_kv_heads * self.d_k
@@ -342,6 +350,7 @@ class DecoderAttention(MultiHeadAttention):
             bias=weights.bias,
             num_kv_heads=weights.num_kv_heads,
             rope_base=weights.rope_base,
+            d_k=weights.d_k,
             device=w_q.device,
             dtype=w_q.dtype,
         )

@@ -54,8 +54,9 @@ def read_llama(
         ValueError: a submodule, parameter or buffer other than the four projections
             (e.g. ``Qwen3Attention``'s ``q_norm`` and ``k_norm``), which would be dropped.
         ValueError: ``num_heads`` missing (no config) or disagreeing with the config; a
-            RoPE type other than ``"default"`` (scaled frequencies); ``head_dim *
-            num_heads != hidden_size``; ``attention_dropout > 0``; shapes that do not fit.
+            RoPE type other than ``"default"`` (scaled frequencies); ``attention_dropout > 0``;
+            shapes that do not fit (``head_dim`` may be any width: ``q_proj`` is
+            ``(h*head_dim, hidden_size)``).
     """
     layers: dict[str, nn.Linear] = {}
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -100,12 +101,11 @@ def read_llama(
                 f"attention_dropout={config.attention_dropout} > 0: attnlib has no dropout; "
                 f"set it to 0 (inference)"
             )
-        d_cfg = int(config.hidden_size)
-        head_dim = int(getattr(config, "head_dim", None) or d_cfg // h_cfg)
-        if head_dim * h_cfg != d_cfg:
+        head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // h_cfg)  # any width
+        if layers["q_proj"].out_features != h_cfg * head_dim:
             raise ValueError(
-                f"head_dim ({head_dim}) * num_attention_heads ({h_cfg}) must equal hidden_size ({d_cfg}): "
-                f"attnlib.MultiHeadAttention has d_k = d_model / num_heads"
+                f"q_proj has {layers['q_proj'].out_features} outputs, not num_attention_heads ({h_cfg}) "
+                f"* head_dim ({head_dim})"
             )
         g_cfg = int(getattr(config, "num_key_value_heads", None) or h_cfg)
         g_shape = layers["k_proj"].out_features // head_dim

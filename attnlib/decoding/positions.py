@@ -225,8 +225,8 @@ class AlibiAttention(DecoderAttention):
     The queries are the last ``n_q`` of the ``n_k`` key positions (a self-attention pass,
     or new tokens after a :class:`~attnlib.decoding.KVCache`).
 
-    ``AlibiAttention(d_model, num_heads, bias=True, *, device=None, dtype=None)``; the
-    call and its shapes are :class:`DecoderAttention`'s. No RoPE and no grouped keys.
+    ``AlibiAttention(d_model, num_heads, bias=True, *, d_k=None, device=None, dtype=None)``;
+    the call and its shapes are :class:`DecoderAttention`'s. No RoPE and no grouped keys.
     It has no plain view (:meth:`as_plain` raises), and its records say ALiBi
     (:class:`AlibiWeights`), so that no tool for the plain layer drops the bias.
     """
@@ -239,10 +239,11 @@ class AlibiAttention(DecoderAttention):
         *,
         num_kv_heads: int | None = None,
         rope_base: float | None = None,
+        d_k: int | None = None,
         device: Device = None,
         dtype: DType = None,
     ) -> None:
-        super().__init__(d_model, num_heads, bias, num_kv_heads=num_kv_heads, rope_base=rope_base,
+        super().__init__(d_model, num_heads, bias, num_kv_heads=num_kv_heads, rope_base=rope_base, d_k=d_k,
                          device=device, dtype=dtype)
         if self.num_kv_heads != self.num_heads or self.rope_base is not None:
             raise ValueError(

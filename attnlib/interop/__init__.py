@@ -28,7 +28,9 @@ Hugging Face BLOOM (chapter 8)          ``query_key_value.weight``: ``(3d, d)``,
 
 Readers (``read_*``) return an :class:`AttentionWeights` of copies (``read_llama``: a
 :class:`GroupedAttentionWeights`); writers (``write_*``) take one and return the other
-layout. ``read_X(write_X(w)) == w`` exactly: the conversions only transpose, cut and
+layout. The table writes the paper's ``h d_k = d``; heads of another width (Llama's
+``head_dim``) are read and written the same way, with ``h d_k`` columns where a ``d`` counts
+heads (``write_torch_mha`` refuses them: torch's heads are ``E / h`` wide). ``read_X(write_X(w)) == w`` exactly: the conversions only transpose, cut and
 concatenate.
 
 Masks: attnlib uses ``True`` = may attend; ``nn.MultiheadAttention``'s

@@ -53,7 +53,8 @@ def read_separate_linear(q: WeightAndBias, k: WeightAndBias, v: WeightAndBias, o
     ``query``, ``key``, ``value`` and ``output.dense`` layers.
 
     Each ``weight`` is ``(d_out, d_in)`` (``y = x @ weight.T + bias``), so the paper's
-    ``W`` is ``weight.T``. Returns copies in paper orientation.
+    ``W`` is ``weight.T``: ``q, k, v`` weights ``(h*d_k, d_model)``, ``o`` ``(d_model, h*d_v)``
+    (square in the paper; heads of any width otherwise). Returns copies in paper orientation.
 
     Biases on some layers only (Raschka's default: ``W_query/W_key/W_value`` without bias,
     ``out_proj`` with one) are read with zeros for the missing ones, which computes the
@@ -61,12 +62,18 @@ def read_separate_linear(q: WeightAndBias, k: WeightAndBias, v: WeightAndBias, o
 
     Raises:
         TypeError: an argument that is not a ``(weight, bias)`` pair of tensors.
-        ValueError: a weight that is not square, or a bias of the wrong shape.
+        ValueError: weights that do not fit together, or a bias of the wrong shape.
     """
     pairs = {name: _check_pair(name, pair) for name, pair in (("q", q), ("k", k), ("v", v), ("o", o))}
-    for name, (w, _) in pairs.items():
-        if w.dim() != 2 or w.shape[0] != w.shape[1]:
-            raise ValueError(f"{name} weight must be square (d_model, d_model), got {format_shape(w)}")
+    w_q = pairs["q"][0]
+    if w_q.dim() != 2:
+        raise ValueError(f"q weight must have shape (h*d_k, d_model), got {format_shape(w_q)}")
+    hd, d = w_q.shape
+    for name, shape, names in (("k", (hd, d), "(h*d_k, d_model)"), ("v", (hd, d), "(h*d_v, d_model)"),
+                               ("o", (d, hd), "(d_model, h*d_v)")):
+        if pairs[name][0].shape != shape:
+            raise ValueError(f"{name} weight must have shape {names} = {format_shape(shape)} to match q's, "
+                             f"got {format_shape(pairs[name][0])}")
     biases = _zeros_for_missing({name: (w, b) for name, (w, b) in pairs.items()})
     return AttentionWeights(
         w_q=pairs["q"][0].T.clone(),
@@ -95,11 +102,11 @@ def write_separate_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
     """Four ``nn.Linear`` layers ``{"q", "k", "v", "o"}`` computing ``x @ W + b``
     (the inverse of :func:`read_separate_linear`)."""
     weights = plain_record(weights)  # a layer with more than weights (ALiBi) is refused, named
-    e = weights.d_model
     biases = weights.biases
     layers: dict[str, nn.Linear] = {}
     for i, (name, w) in enumerate(zip("qkvo", (weights.w_q, weights.w_k, weights.w_v, weights.w_o))):
-        lin = nn.Linear(e, e, bias=biases is not None, device=w.device, dtype=w.dtype)
+        d_in, d_out = w.shape
+        lin = nn.Linear(d_in, d_out, bias=biases is not None, device=w.device, dtype=w.dtype)
         with torch.no_grad():
             lin.weight.copy_(w.T)
             if biases is not None:
@@ -143,7 +150,8 @@ def read_linear_heads(
     r"""Read a list of heads, as Raschka's ``MultiHeadAttentionWrapper`` keeps them
     (``nn.ModuleList`` of single-head modules, concatenated): head ``i``'s ``(q, k, v)``
     ``nn.Linear`` pairs, weight ``(d_k, d_model)`` each, and ``o``, W^O's pair
-    ``(d_model, d_model)``, or ``None`` for a wrapper that only concatenates (W^O = I).
+    ``(d_model, h*d_v)``, or ``None`` for a wrapper that only concatenates (W^O = I, which
+    needs ``h*d_k = d_model``).
 
     .. math::
         W^Q = [\,W_0^Q \,|\, \dots \,|\, W_{h-1}^Q\,], \qquad W_i^Q = (\texttt{heads[i][0].weight})^\top
@@ -154,7 +162,7 @@ def read_linear_heads(
 
     Raises:
         TypeError: ``heads`` not a list of ``(q, k, v)`` pairs of tensors.
-        ValueError: no heads, heads of different widths, or ``h * d_k != d_model``.
+        ValueError: no heads, heads of different widths, or no ``o`` with ``h * d_k != d_model``.
     """
     if not isinstance(heads, (list, tuple)) or not heads:
         raise ValueError(f"heads must be a non-empty list of (q, k, v) pairs, got {heads!r:.60}")
@@ -171,9 +179,10 @@ def read_linear_heads(
             if tuple(w.shape) != (d_k, d):
                 raise ValueError(f"heads[{i}].{role} weight must have shape (d_k, d_model) = ({d_k}, {d}) "
                                  f"like heads[0].q, got {format_shape(w)}")
-    if d_k * len(heads) != d:
-        raise ValueError(f"{len(heads)} heads of width d_k = {d_k} make {d_k * len(heads)} columns, "
-                         f"not d_model = {d}: attnlib needs h * d_k = d_model")
+    if o is None and d_k * len(heads) != d:
+        raise ValueError(f"{len(heads)} heads of width d_k = {d_k} make {d_k * len(heads)} columns, not "
+                         f"d_model = {d}: a wrapper without W^O (o=None) outputs their concatenation, which "
+                         f"must then be d_model wide; pass o")
     if o is None:
         o = (torch.eye(d, dtype=w0.dtype, device=w0.device), None)  # a wrapper that only concatenates
 
@@ -189,12 +198,12 @@ def read_linear_heads(
 
 def write_linear_heads(weights: AttentionWeights, num_heads: int) -> tuple[list[dict[str, nn.Linear]], nn.Linear]:
     """``(heads, o)``: ``num_heads`` dicts of ``nn.Linear(d_model, d_k)`` layers ``{"q", "k", "v"}``
-    and W^O as ``nn.Linear(d_model, d_model)`` (the inverse of :func:`read_linear_heads`)."""
-    d = weights.d_model
-    d_k = d // check_positive_int("num_heads", num_heads)
-    if d_k * num_heads != d:
-        raise ValueError(f"num_heads ({num_heads}) must divide d_model ({d})")
+    and W^O as ``nn.Linear(h*d_v, d_model)`` (the inverse of :func:`read_linear_heads`)."""
     layers = write_separate_linear(weights)
+    d, hd = layers["q"].in_features, layers["q"].out_features
+    d_k = hd // check_positive_int("num_heads", num_heads)
+    if d_k * num_heads != hd:
+        raise ValueError(f"num_heads ({num_heads}) must divide h*d_k ({hd})")
     heads = []
     for i in range(num_heads):
         rows = slice(i * d_k, (i + 1) * d_k)
@@ -216,29 +225,31 @@ def _packed_pairs(
 ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
     """Check a packed layer pair and return ``(w_attn, b_attn, w_proj, b_proj)``, detached.
 
-    ``attn_out_first``: ``c_attn.weight`` is ``(3d, d)`` (``nn.Linear``) when True,
-    ``(d, 3d)`` (GPT-2 ``Conv1D``) when False.
+    ``attn_out_first``: ``c_attn.weight`` is ``(3D, d)`` and ``c_proj.weight`` ``(d, D)``
+    (``nn.Linear``) when True, ``(d, 3D)`` and ``(D, d)`` (GPT-2 ``Conv1D``) when False;
+    ``d = d_model``, ``D = h*d_k`` (``d`` in the paper).
     """
-    layout = "(3*d_model, d_model), nn.Linear (out, in)" if attn_out_first else "(d_model, 3*d_model), Conv1D (in, out)"
+    kind = "nn.Linear (out, in)" if attn_out_first else "Conv1D (in, out)"
+    layout, proj = ("(3*h*d_k, d_model)", "(d_model, h*d_v)") if attn_out_first else ("(d_model, 3*h*d_k)", "(h*d_v, d_model)")
     w_attn, b_attn = _check_pair("c_attn", c_attn)
     w_proj, b_proj = _check_pair("c_proj", c_proj)
-    if w_attn.dim() != 2:
-        raise ValueError(f"c_attn weight must have shape {layout}, got {format_shape(w_attn)}")
-    d = int(w_attn.shape[1] if attn_out_first else w_attn.shape[0])
-    expected = (3 * d, d) if attn_out_first else (d, 3 * d)
-    if d == 0 or tuple(w_attn.shape) != expected:
-        raise ValueError(f"c_attn weight must have shape {layout}, got {format_shape(w_attn)}")
-    if tuple(w_proj.shape) != (d, d):
+    rows, cols = w_attn.shape if w_attn.dim() == 2 else (0, 0)
+    d, three_hd = (cols, rows) if attn_out_first else (rows, cols)
+    if d == 0 or three_hd == 0 or three_hd % 3:
+        raise ValueError(f"c_attn weight must have shape {layout}, {kind}, got {format_shape(w_attn)}")
+    hd = three_hd // 3
+    expected = (d, hd) if attn_out_first else (hd, d)
+    if tuple(w_proj.shape) != expected:
         raise ValueError(
-            f"c_proj weight must have shape (d_model, d_model) = ({d}, {d}) to match c_attn, "
+            f"c_proj weight must have shape {proj} = {format_shape(expected)}, {kind}, to match c_attn, "
             f"got {format_shape(w_proj)}"
         )
-    if b_attn is not None and tuple(b_attn.shape) != (3 * d,):
-        raise ValueError(f"c_attn bias must have shape (3*d_model,) = ({3 * d},), got {format_shape(b_attn)}")
+    if b_attn is not None and tuple(b_attn.shape) != (3 * hd,):
+        raise ValueError(f"c_attn bias must have shape (3*h*d_k,) = ({3 * hd},), got {format_shape(b_attn)}")
     if b_proj is not None and tuple(b_proj.shape) != (d,):
         raise ValueError(f"c_proj bias must have shape (d_model,) = ({d},), got {format_shape(b_proj)}")
     if (b_attn is None) != (b_proj is None):  # timm's qkv_bias=False with a biased proj: zeros
-        b_attn = w_attn.new_zeros(3 * d) if b_attn is None else b_attn
+        b_attn = w_attn.new_zeros(3 * hd) if b_attn is None else b_attn
         b_proj = w_proj.new_zeros(d) if b_proj is None else b_proj
     return w_attn, b_attn, w_proj, b_proj
 
@@ -257,8 +268,9 @@ def read_packed_linear(c_attn: WeightAndBias, c_proj: WeightAndBias) -> Attentio
     (the same numbers as ``nn.MultiheadAttention.in_proj_weight``).
 
     Args:
-        c_attn: ``(weight (3d, d), bias (3d,) or None)``.
-        c_proj: ``(weight (d, d), bias (d,) or None)``.
+        c_attn: ``(weight (3d, d), bias (3d,) or None)``; ``(3D, d)`` and ``(3D,)`` for heads of
+            another width, ``D = h*d_k``.
+        c_proj: ``(weight (d, d), bias (d,) or None)``; weight ``(d, D)``.
 
     Returns:
         copies in paper orientation.
@@ -271,22 +283,23 @@ def read_packed_linear(c_attn: WeightAndBias, c_proj: WeightAndBias) -> Attentio
             expected and the received shape).
     """
     w_attn, b_attn, w_proj, b_proj = _packed_pairs(c_attn, c_proj, attn_out_first=True)
-    return split_qkv(w_attn.T, b_attn, w_proj.T, b_proj)  # (3d, d) -> (d, 3d)
+    return split_qkv(w_attn.T, b_attn, w_proj.T, b_proj)  # (3D, d) -> (d, 3D)
 
 
 def write_packed_linear(weights: AttentionWeights) -> dict[str, nn.Linear]:
-    """Two ``nn.Linear`` layers ``{"c_attn": Linear(d, 3d), "c_proj": Linear(d, d)}``
-    holding ``weights`` (the inverse of :func:`read_packed_linear`)."""
+    """Two ``nn.Linear`` layers ``{"c_attn": Linear(d, 3D), "c_proj": Linear(D, d)}``
+    holding ``weights`` (``D = h*d_k``, ``d`` in the paper; the inverse of
+    :func:`read_packed_linear`)."""
     weights = plain_record(weights)  # a layer with more than weights (ALiBi) is refused, named
-    d = weights.d_model
-    w_qkv, b_qkv = pack_qkv(weights)  # (d, 3d), (3d,) or None
-    c_attn = nn.Linear(d, 3 * d, bias=weights.bias, device=w_qkv.device, dtype=w_qkv.dtype)
-    c_proj = nn.Linear(d, d, bias=weights.bias, device=w_qkv.device, dtype=w_qkv.dtype)
+    d, hd = weights.d_model, weights.heads_width
+    w_qkv, b_qkv = pack_qkv(weights)  # (d, 3D), (3D,) or None
+    c_attn = nn.Linear(d, 3 * hd, bias=weights.bias, device=w_qkv.device, dtype=w_qkv.dtype)
+    c_proj = nn.Linear(hd, d, bias=weights.bias, device=w_qkv.device, dtype=w_qkv.dtype)
     with torch.no_grad():
-        c_attn.weight.copy_(w_qkv.T)  # (3d, d)
-        c_proj.weight.copy_(weights.w_o.T)  # (d, d)
+        c_attn.weight.copy_(w_qkv.T)  # (3D, d)
+        c_proj.weight.copy_(weights.w_o.T)  # (d, D)
         if b_qkv is not None and weights.b_o is not None:
-            c_attn.bias.copy_(b_qkv)  # (3d,)
+            c_attn.bias.copy_(b_qkv)  # (3D,)
             c_proj.bias.copy_(weights.b_o)  # (d,)
     return {"c_attn": c_attn, "c_proj": c_proj}
 
@@ -304,8 +317,9 @@ def read_conv1d(c_attn: WeightAndBias, c_proj: WeightAndBias) -> AttentionWeight
     no transpose needed: the packed columns are cut into three ``(d, d)`` blocks.
 
     Args:
-        c_attn: ``(weight (d, 3d), bias (3d,) or None)``.
-        c_proj: ``(weight (d, d), bias (d,) or None)``.
+        c_attn: ``(weight (d, 3d), bias (3d,) or None)``; ``(d, 3D)`` and ``(3D,)`` for heads of
+            another width, ``D = h*d_k``.
+        c_proj: ``(weight (d, d), bias (d,) or None)``; weight ``(D, d)``.
 
     Returns:
         copies in paper orientation.
@@ -321,8 +335,8 @@ def read_conv1d(c_attn: WeightAndBias, c_proj: WeightAndBias) -> AttentionWeight
 
 
 def write_conv1d(weights: AttentionWeights) -> dict[str, WeightAndBias]:
-    """GPT-2 ``Conv1D`` tensors ``{"c_attn": (weight (d, 3d), bias (3d,)), "c_proj":
-    (weight (d, d), bias (d,))}`` (biases ``None`` without bias); the inverse of
+    """GPT-2 ``Conv1D`` tensors ``{"c_attn": (weight (d, 3D), bias (3D,)), "c_proj":
+    (weight (D, d), bias (d,))}`` (``D = h*d_k``; biases ``None`` without bias); the inverse of
     :func:`read_conv1d`, so ``read_conv1d(**write_conv1d(w))`` gives ``w`` back.
     Load into a ``transformers`` ``Conv1D`` with ``conv.weight.copy_(weight)``."""
     weights = plain_record(weights)  # a layer with more than weights (ALiBi) is refused, named

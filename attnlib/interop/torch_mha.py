@@ -67,8 +67,14 @@ def write_torch_mha(weights: AttentionWeights, num_heads: int, batch_first: bool
     Raises:
         TypeError: ``weights`` not an :class:`~attnlib.AttentionWeights`, or the record of
             a layer torch's module cannot compute (ALiBi), named by ``weights.as_plain()``.
+        ValueError: heads of another width than ``d_model / num_heads`` (``h*d_k != d_model``).
     """
     weights = plain_record(weights)
+    if weights.heads_width != weights.d_model:
+        raise ValueError(
+            f"torch.nn.MultiheadAttention's heads are embed_dim / num_heads wide, so h*d_k must equal "
+            f"d_model: these weights have h*d_k = {weights.heads_width}, d_model = {weights.d_model}"
+        )
     w_qkv, b_qkv = pack_qkv(weights)  # (E, 3E), (3E,) or None
     m = nn.MultiheadAttention(
         weights.d_model, num_heads, bias=weights.bias, batch_first=batch_first,
