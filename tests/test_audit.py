@@ -23,7 +23,8 @@ from attnlib.audit import BUGS, BUGS_BY_NAME, PAIRS, AuditReport, diagnose, plan
 from attnlib.interop import read_separate_linear, read_torch_mha, write_separate_linear
 
 SETTINGS = settings(max_examples=20, deadline=None)
-CONFLICTS = [{"missing_scale", "scale_by_d_model", "double_scale"}, {"mask_ignored", "mask_fill_zero", "mask_after_softmax"}]
+CONFLICTS = [{"missing_scale", "scale_by_d_model", "double_scale"},
+             {"mask_ignored", "mask_fill_zero", "mask_after_softmax", "mask_fill_finite"}]
 # the bugs of the default call form (self-attention, (n, n) mask, plain reference)
 BASE = [name for name in BUGS if not BUGS_BY_NAME[name].needs]
 # A pair whose outputs equal one of its bugs alone: an ignored mask has no polarity.
@@ -152,6 +153,11 @@ class ValueUsesKeyWeights(Scratch):
         return self.W_k(x)
 
 
+class MaskFillFinite(Scratch):
+    def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+        return scores.masked_fill(blocked, -10000)  # hyunwoongko/transformer's value
+
+
 PLANTED: dict[str, type[Scratch]] = {
     "missing_scale": MissingScale,
     "scale_by_d_model": ScaleByDModel,
@@ -166,6 +172,7 @@ PLANTED: dict[str, type[Scratch]] = {
     "mask_after_softmax": MaskAfterSoftmax,
     "value_uses_key_weights": ValueUsesKeyWeights,
     "double_scale": DoubleScale,
+    "mask_fill_finite": MaskFillFinite,
 }
 
 
@@ -242,11 +249,11 @@ def test_every_compatible_pair_is_diagnosed() -> None:
         assert report.explanations == (expected,) and report.bugs == expected, (a, b, report.explanations)
         assert ((a, b) in PAIRS) == (frozenset({a, b}) not in DEGENERATE)
         seen += 1
-    assert seen == len(PAIRS) + len(DEGENERATE) == 72
+    assert seen == len(PAIRS) + len(DEGENERATE) == 82
 
 
 def test_pairs_leave_out_the_pair_that_computes_one_bug() -> None:
-    assert len(PAIRS) == 71 and ("mask_inverted", "mask_ignored") not in PAIRS
+    assert len(PAIRS) == 81 and ("mask_inverted", "mask_ignored") not in PAIRS
     ref = reference()
     x = torch.randn(2, 5, 12)
     mask = torch.tensor([[1, 0, 0, 1, 0], [1, 1, 0, 0, 0], [0, 1, 1, 0, 1], [0, 0, 1, 1, 0], [1, 0, 0, 1, 1]]).bool()

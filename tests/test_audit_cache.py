@@ -67,8 +67,10 @@ class CachedDecoder(nn.Module):
             k_all, v_all = (a.repeat_interleave(rep, dim=1) for a in (k_all, v_all))
         scores = q @ k_all.transpose(2, 3) / math.sqrt(self.head_dim)  # (B, h, t, n_k)
         n_k = k_all.shape[2]
-        if t > 1 and self.bug != "prefill_not_causal":  # a prompt masks its own future
+        if t > 1 and self.bug != "prefill_not_causal":  # a prompt (or a chunk) masks its own future
             q_pos = torch.arange(n_k - t, n_k)[:, None]
+            if self.bug == "chunk_causal_upper_left" and past is not None:
+                q_pos = torch.arange(t)[:, None]  # SDPA's is_causal=True: aligned to the upper left
             scores = scores.masked_fill(torch.arange(n_k)[None, :] > q_pos, float("-inf"))
         out = (scores.softmax(dim=-1) @ v_all).transpose(1, 2).reshape(B, t, -1)
         return self.o_proj(out), (cache_k, cache_v)
@@ -86,7 +88,7 @@ def build(bug: str = "", seed: int = 0, **kw: object) -> tuple[CachedDecoder, Mu
 def test_right_decoder_passes() -> None:
     module, ref = build()
     report = diagnose_cache(module, ref)
-    assert report.ok and report.bugs == () and set(report.errors) == {"prefill", "steps"}, str(report)
+    assert report.ok and report.bugs == () and set(report.errors) == {"prefill", "steps", "chunks"}, str(report)
 
 
 def test_attnlib_kv_cache_passes() -> None:

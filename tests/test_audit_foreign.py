@@ -397,7 +397,7 @@ def test_fully_blocked_rows_are_a_convention_not_a_bug() -> None:
     weak.fill = -1e4
     report = diagnose(lambda x, m: weak.cross(x, x, m), ref64)
     assert not report.ok and report.errors["blocked row"] <= report.rtol < report.errors["large scores"]
-    assert "finite mask value" in str(report)
+    assert report.bugs == ("mask_fill_finite",)  # the additive form: an alternative of the same bug
 
 
 def test_a_finite_mask_value_that_large_scores_overcome_is_caught() -> None:
@@ -406,10 +406,11 @@ def test_a_finite_mask_value_that_large_scores_overcome_is_caught() -> None:
     strong.load_state_dict(weak.state_dict())
     ref = weak.reference()
     report = diagnose(weak, ref, padding=True)
-    assert not report.ok and report.bugs == ()
+    assert not report.ok and report.bugs == ("mask_fill_finite",)
     assert report.errors["large scores"] > report.rtol >= report.errors["padding"]
-    assert "finite mask value" in str(report)
+    assert "-1e4" in str(report) and "large-scores probe" in " ".join(str(report).split())
     assert diagnose(strong, ref, padding=True).ok
+
 
 
 def test_cross_attention_probes_n_q_equal_n_k_and_treat_raising_as_evidence() -> None:

@@ -26,14 +26,15 @@ recipe; :func:`planted`), :mod:`~attnlib.audit.probes`, :mod:`~attnlib.audit.rep
 :mod:`~attnlib.audit.search` (:func:`diagnose`) and :mod:`~attnlib.audit.cache`.
 """
 
-from attnlib.audit.cache import CACHE_BUGS, Step, diagnose_cache
+from attnlib.audit.cache import CACHE_BUGS, Step, assert_cache_matches, diagnose_cache
 from attnlib.audit.catalogue import BUGS, BUGS_BY_NAME, PAIRS, Bug, Recipe
 from attnlib.audit.engine import CONVENTIONS, Forward, planted
 from attnlib.audit.probes import LARGE_SCORES, probe_inputs
-from attnlib.audit.report import AuditReport
-from attnlib.audit.search import diagnose
+from attnlib.audit.report import PADDED_ROWS, AuditReport
+from attnlib.audit.search import assert_attention_matches, diagnose
 
 __all__ = [
-    "BUGS", "BUGS_BY_NAME", "PAIRS", "CACHE_BUGS", "CONVENTIONS", "Step", "LARGE_SCORES", "Bug", "Recipe",
-    "AuditReport", "Forward", "diagnose", "diagnose_cache", "planted", "probe_inputs",
+    "BUGS", "BUGS_BY_NAME", "PAIRS", "CACHE_BUGS", "CONVENTIONS", "PADDED_ROWS", "Step", "LARGE_SCORES", "Bug",
+    "Recipe", "AuditReport", "Forward", "assert_attention_matches", "assert_cache_matches", "diagnose",
+    "diagnose_cache", "planted", "probe_inputs",
 ]

@@ -11,11 +11,15 @@ from types import MappingProxyType
 from typing import Literal
 
 __all__ = [
-    "BUGS", "BUGS_BY_NAME", "PAIRS", "Bug", "Mode", "Recipe", "active_bugs", "active_pairs", "can_plant_together",
-    "tie_reason",
+    "BUGS", "BUGS_BY_NAME", "MASK_FIELDS", "PAIRS", "Bug", "Mode", "Recipe", "active_bugs", "active_pairs",
+    "can_plant_together", "mask_bugs", "tie_reason",
 ]
 
-Mode = Literal["causal", "padding", "cross", "grouped", "rope"]
+Mode = Literal["causal", "padding", "cross", "grouped", "rope", "mask"]
+
+MASK_FIELDS = frozenset({"mask_true", "mask_use", "padding"})
+"""The steps of :class:`Recipe` that only act on a mask: a module that takes no mask and masks
+nothing itself (``takes_mask=False`` without ``causal``) runs none of them."""
 
 
 @dataclass(frozen=True)
@@ -43,14 +47,19 @@ class Recipe:
     # j <= i + 1, or j >= i
     causal: Literal["j <= i", "j < i", "j <= i + 1", "j >= i"] = "j <= i"
     # a (B, n_k) padding mask as (B, 1, 1, n_k) (right), (B, 1, n, 1), or folded into
-    # (B*h) rows by repeat (b*h + i) / repeat_interleave (i*B + b) the wrong way round
-    padding: Literal["keys", "queries", "fold b*h+i by repeat", "fold i*B+b by repeat_interleave"] = "keys"
+    # (B*h) rows by repeat (b*h + i) / repeat_interleave (i*B + b) the wrong way round;
+    # "keys and queries" (a padded query blocked from every key, as vit-pytorch did in 2021)
+    # is no bug: it changes only the padded queries' rows, which are a convention
+    padding: Literal["keys", "queries", "fold b*h+i by repeat", "fold i*B+b by repeat_interleave",
+                     "keys and queries"] = "keys"
     # -1: each query's weights over the keys sum to 1; -2: over the queries
     softmax_dim: Literal[-1, -2] = -1
     # what True in the mask means
     mask_true: Literal["may attend", "blocked"] = "may attend"
-    # how the mask is used
-    mask_use: Literal["-inf", "ignored", "0", "after softmax"] = "-inf"
+    # how the mask is used: blocked scores set to -inf (right), the mask ignored, blocked
+    # scores set to 0, weights zeroed after the softmax, or blocked scores set to (or
+    # shifted by, "+") a finite value that scores further apart than it overcome
+    mask_use: Literal["-inf", "ignored", "0", "after softmax", "-1e4", "+ -1e4", "-1e5", "+ -1e5"] = "-inf"
     # (B, h, n, d_k) -> (B, n, d)
     merge: Literal["transpose, reshape", "reshape"] = "transpose, reshape"
     # multiply the concatenation by W^O (and add b^O)
@@ -80,6 +89,13 @@ class Bug:
     note: str = ""  # where else the fix may belong (an adapter, the loading code)
     needs: frozenset[str] = frozenset()
     alternatives: tuple[Mapping[str, object], ...] = ()
+
+    @property
+    def all_needs(self) -> frozenset[str]:
+        """``needs``, plus ``"mask"`` for a bug that changes how a mask is used (it cannot occur
+        in a module that takes no mask and masks nothing itself)."""
+        fields = set(self.change).union(*(set(c) for c in self.alternatives))
+        return self.needs | (frozenset({"mask"}) if fields & MASK_FIELDS else frozenset())
 
     def recipe(self, base: Recipe | None = None) -> Recipe:
         return dataclasses.replace(base or Recipe(), **self.change)  # type: ignore[arg-type]
@@ -147,6 +163,10 @@ _CATALOGUE: tuple[Bug, ...] = (
         "scores.masked_fill(~mask, float('-inf'))   # result not assigned",
         "scores = scores.masked_fill(~mask, float('-inf'))",
         {"mask_use": "ignored"},
+        "auditing another library's layer with causal=True: Hugging Face's attention layers "
+        "(GPT2Attention in eager mode, LlamaAttention, ...) apply no causal mask of their own; "
+        "the model builds it and passes it in attention_mask, so an adapter that calls the layer "
+        "alone must pass it too.",
     ),
     Bug(
         "missing_output_projection",
@@ -193,6 +213,17 @@ _CATALOGUE: tuple[Bug, ...] = (
         "q = q / math.sqrt(d_k)   # and the scores scaled again",
         "scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)   # once",
         {"scale": "d_k"},
+    ),
+    Bug(
+        "mask_fill_finite",
+        "blocked scores filled with (or shifted by) a finite value such as -1e4, which a blocked "
+        "key whose score is that much larger overcomes",
+        "scores = scores.masked_fill(mask == 0, -10000)   # or + (1 - mask) * -1e4",
+        "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)   # or float('-inf')",
+        {"mask_use": "-1e4"},
+        "harmless while the scores of a row stay within about 1e4 of each other; the large-scores "
+        "probe spreads them over about 1e6. -1e4 was common where float16 cannot hold -1e9.",
+        alternatives=({"mask_use": "+ -1e4"}, {"mask_use": "-1e5"}, {"mask_use": "+ -1e5"}),
     ),
     Bug(
         "causal_blocks_diagonal",
@@ -304,14 +335,20 @@ _ALL_PAIRS: tuple[tuple[Bug, Bug], ...] = tuple(
 
 def active_bugs(modes: frozenset[str]) -> tuple[Bug, ...]:
     """The bugs that can occur in a call form with these features."""
-    return tuple(b for b in _CATALOGUE if b.needs <= modes)
+    return tuple(b for b in _CATALOGUE if b.all_needs <= modes)
 
 
 def active_pairs(modes: frozenset[str]) -> tuple[tuple[Bug, Bug], ...]:
-    return tuple((a, b) for a, b in _ALL_PAIRS if a.needs <= modes and b.needs <= modes)
+    return tuple((a, b) for a, b in _ALL_PAIRS if a.all_needs <= modes and b.all_needs <= modes)
 
 
-PAIRS: tuple[tuple[str, str], ...] = tuple((a.name, b.name) for a, b in active_pairs(frozenset()))
+def mask_bugs(modes: frozenset[str]) -> tuple[str, ...]:
+    """The bugs of a call form that need a mask: those :func:`diagnose` cannot test when the
+    module takes none (``modes`` without ``"mask"``)."""
+    return tuple(b.name for b in _CATALOGUE if b.all_needs - {"mask"} <= modes and "mask" in b.all_needs)
+
+
+PAIRS: tuple[tuple[str, str], ...] = tuple((a.name, b.name) for a, b in active_pairs(frozenset({"mask"})))
 """The pairs of bugs :func:`diagnose` tries in its default call form (self-attention, a plain
 reference): every two that change different steps, except a pair that computes what one bug
 computes alone (``mask_inverted`` with ``mask_ignored``: an ignored mask has no polarity). The

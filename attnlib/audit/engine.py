@@ -22,6 +22,7 @@ from attnlib.attention import masked_softmax
 from attnlib.audit.catalogue import BUGS, BUGS_BY_NAME, Recipe, can_plant_together
 from attnlib.audit.checks import check_flags, check_reference
 from attnlib.decoding import DecoderAttention, apply_rope, rope_angles, rotate_half
+from attnlib.decoding.positions import AlibiAttention, alibi_slopes
 from attnlib.multihead import MultiHeadAttention
 
 __all__ = ["CONVENTIONS", "Forward", "ReferenceParams", "decoder_options", "modes_of", "planted", "run_recipe"]
@@ -51,16 +52,26 @@ class ReferenceParams:
     num_heads: int
     num_kv_heads: int
     rope_base: float | None
+    alibi: bool = False  # ALiBi's bias added to the scaled scores (AlibiAttention)
 
     @classmethod
     def of(cls, ref: MultiHeadAttention, dtype: torch.dtype) -> ReferenceParams:
         w = {r: getattr(ref, f"w_{r}").detach().to(dtype) for r in "qkvo"}
         b = {r: _opt(getattr(ref, f"b_{r}"), dtype) for r in "qkvo"}
-        return cls(w, b, ref.num_heads, *decoder_options(ref))
+        return cls(w, b, ref.num_heads, *decoder_options(ref), isinstance(ref, AlibiAttention))
 
     @property
     def d_k(self) -> int:
-        return self.w["q"].shape[0] // self.num_heads
+        return self.w["q"].shape[1] // self.num_heads
+
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor | None:
+        """ALiBi's bias ``-m_i (p - j)`` for query positions ``q_pos: (n_q,)`` and key positions
+        ``k_pos: (n_k,)``: ``(h, n_q, n_k)``; None without ALiBi."""
+        if not self.alibi:
+            return None
+        m = alibi_slopes(self.num_heads)  # (h,) float64
+        gap = (q_pos[:, None] - k_pos[None, :]).to(torch.float64)  # (n_q, n_k)
+        return (-m[:, None, None] * gap).to(dtype)  # (h, n_q, n_k)
 
 
 def decoder_options(reference: MultiHeadAttention) -> tuple[int, float | None]:
@@ -117,6 +128,8 @@ def _padding(pad: Tensor, h: int, n_q: int, recipe: Recipe) -> Tensor:
         return pad[:, None, None, :]  # (B, 1, 1, n_k)
     if recipe.padding == "queries":
         return pad[:, None, :, None]  # (B, 1, n_k, 1): blocks padded queries, fails if n_q != n_k
+    if recipe.padding == "keys and queries":
+        return pad[:, None, :, None] & pad[:, None, None, :]  # (B, 1, n, n): a padded query sees nothing
     b, i = torch.arange(B)[:, None], torch.arange(h)[None, :]  # (B, 1), (1, h)
     if recipe.padding == "fold b*h+i by repeat":
         rows = (b * h + i) % B  # (B, h): mask.repeat(h, 1)[b*h + i]
@@ -144,6 +157,10 @@ def _mask(
     return given & own
 
 
+_FINITE = {"-1e4": -1e4, "+ -1e4": -1e4, "-1e5": -1e5, "+ -1e5": -1e5}
+"""The finite mask values of ``mask_fill_finite``: filled (``"-1e4"``) or added (``"+ -1e4"``)."""
+
+
 def _weights(scores: Tensor, mask: Tensor | None, r: Recipe) -> dict[str, Tensor]:
     """Attention weights ``(B, h, n_q, n_k)`` per convention for blocked lines (one entry,
     ``"any"``, when no line of the softmax is entirely blocked)."""
@@ -154,6 +171,11 @@ def _weights(scores: Tensor, mask: Tensor | None, r: Recipe) -> dict[str, Tensor
         return {"any": scores.masked_fill(~mask, 0.0).softmax(dim=dim)}
     if r.mask_use == "after softmax":
         return {"any": scores.softmax(dim=dim) * mask}
+    if r.mask_use in _FINITE:  # a finite fill (or shift): no line is ever empty
+        value = _FINITE[r.mask_use]
+        if r.mask_use.startswith("+"):
+            return {"any": (scores + torch.where(mask, 0.0, value)).softmax(dim=dim)}
+        return {"any": scores.masked_fill(~mask, value).softmax(dim=dim)}
     mask = mask.expand(scores.shape)  # (B, h, n_q, n_k)
     weights = masked_softmax(scores, mask, dim=dim)  # 0 on a blocked line
     blocked = ~mask.any(dim=dim, keepdim=True)  # (..): lines with no allowed key
@@ -195,6 +217,10 @@ def run_recipe(
     d_k, d_model = q.shape[-1], x.shape[-1]
     scale = {"sqrt(d_k)": d_k**-0.5, "1": 1.0, "sqrt(d_model)": d_model**-0.5, "d_k": 1.0 / d_k}[r.scale]
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, h, n_q, n_k)
+    n_q, n_k = q.shape[-2], k.shape[-2]  # ALiBi: the queries are the last n_q of the n_k positions
+    bias = p.position_bias(torch.arange(n_k - n_q, n_k), torch.arange(n_k), scores.dtype)
+    if bias is not None:
+        scores = scores + bias  # (B, h, n_q, n_k)
     m = _mask(r, p, q.shape[-2], k.shape[-2], mask, causal, padding, x.device)
     return {c: _finish(w @ v, p, r) for c, w in _weights(scores, m, r).items()}  # (B, n_q, d_model)
 
@@ -211,11 +237,15 @@ def _finish(heads: Tensor, p: ReferenceParams, recipe: Recipe) -> Tensor:
     return _project(concat, p.w["o"], p.b["o"], recipe)  # (B, n, d_model)
 
 
-def modes_of(reference: MultiHeadAttention, causal: bool, padding: bool, cross: bool) -> frozenset[str]:
-    """The features of a call form and a reference that some bugs need."""
+def modes_of(
+    reference: MultiHeadAttention, causal: bool, padding: bool, cross: bool, takes_mask: bool = True,
+) -> frozenset[str]:
+    """The features of a call form and a reference that some bugs need (``"mask"``: the module
+    masks something, a mask it is given or its own causal one)."""
     g, rope_base = decoder_options(reference)
     flags = {"causal": causal, "padding": padding, "cross": cross,
-             "grouped": g < reference.num_heads, "rope": rope_base is not None}
+             "grouped": g < reference.num_heads, "rope": rope_base is not None,
+             "mask": takes_mask or causal}
     return frozenset(name for name, on in flags.items() if on)
 
 
@@ -226,9 +256,9 @@ def _recipe_of(bugs: tuple[str, ...], modes: frozenset[str]) -> Recipe:
         if name not in BUGS_BY_NAME:
             raise ValueError(f"unknown bug {name!r}; the catalogue has: {', '.join(BUGS)}")
         bug = BUGS_BY_NAME[name]
-        if not bug.needs <= modes:
+        if not bug.all_needs <= modes:
             raise ValueError(
-                f"bug {name!r} needs {', '.join(sorted(bug.needs - modes))} "
+                f"bug {name!r} needs {', '.join(sorted(bug.all_needs - modes))} "
                 f"(pass causal=/padding=/cross=True, or a reference with num_kv_heads/rope_base)"
             )
         for other in bugs[:i]:

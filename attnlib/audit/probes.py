@@ -5,7 +5,12 @@ entry, so that code which fills blocked scores with ``-inf`` and code which fill
 large negative number agree. The rows that are blocked entirely are probed on their own
 (``"blocked row"``), where modules differ by convention; so is a finite mask value that a
 large score overcomes (``"large scores"``: scores spread over about ``1e6``). Padding masks
-pad on the right, so key 0 is always real.
+pad on the right, so key 0 is always real; with ``causal=True`` one more probe pads on the
+left (``"left padding"``), where a causal query sees padded keys: right padding hides a
+padding mask put on the queries, left padding does not. In self-attention with padding only
+the real queries' rows are compared (``Probe.rows``): what a module returns for a padded
+query is a convention. A module that takes no mask (``takes_mask=False``) gets the unmasked
+probes only.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class Probe:
     x: Tensor  # (B, n_q, d_model), float64
     context: Tensor | None  # (B, n_k, d_model) for cross-attention, None for self-attention
     mask: Tensor | None  # bool (n_q, n_k), or (B, n_k) key padding; True = may attend / real
+    rows: Tensor | None = None  # bool (B, n_q): the query rows compared (None: all); padded ones are not
 
     @property
     def keys(self) -> Tensor:
@@ -40,6 +46,10 @@ _PADDING = (("padding", 3, 5, 5), ("padding", 2, 4, 4), ("no padding", 2, 3, 3),
 _CROSS = (("same length", 2, 5, 5), ("random mask", 2, 4, 6), ("no mask", 1, 3, 5), ("blocked row", 2, 4, 6),
           ("large scores", 2, 5, 3))
 _CROSS_PADDING = (("same length", 3, 5, 5), ("padding", 3, 4, 6), ("no padding", 2, 3, 5), ("large scores", 3, 4, 6))
+_LEFT = (("left padding", 3, 5, 5),)  # causal with padding: a padded key before a real query
+_NO_MASK = (("no mask", 2, 5, 5), ("no mask", 3, 4, 4), ("no mask", 2, 3, 3), ("no mask", 1, 6, 6),
+            ("no mask", 1, 7, 7))
+_CROSS_NO_MASK = (("no mask", 2, 5, 5), ("no mask", 2, 4, 6), ("no mask", 1, 3, 5))
 
 LARGE_SCORES = 1e6
 """The spread of the scores on the ``"large scores"`` probe: a blocked key whose score is that
@@ -83,17 +93,23 @@ def _blocked_row_mask(n_q: int, n_k: int, g: torch.Generator) -> Tensor:
             return mask
 
 
-def _padding_mask(B: int, n_k: int) -> Tensor:
-    """``(B, n_k)``, True = real: sequence ``b`` has ``n_k, n_k - 2, 1, ...`` real keys, padded on the right."""
+def _padding_mask(B: int, n_k: int, left: bool = False) -> Tensor:
+    """``(B, n_k)``, True = real: sequence ``b`` has ``n_k, n_k - 2, 1, ...`` real keys, padded on the
+    right (``left=True``: on the left)."""
     lengths = [max(1, n_k - 2 * (b % 3)) if b % 3 < 2 else 1 for b in range(B)]
-    return torch.arange(n_k)[None, :] < torch.tensor(lengths)[:, None]  # (B, n_k)
+    mask = torch.arange(n_k)[None, :] < torch.tensor(lengths)[:, None]  # (B, n_k)
+    return mask.flip(-1) if left else mask
 
 
-def _plan(causal: bool, padding: bool, cross: bool) -> tuple[tuple[str, int, int, int], ...]:
+def _plan(
+    causal: bool, padding: bool, cross: bool, takes_mask: bool = True,
+) -> tuple[tuple[str, int, int, int], ...]:
+    if not takes_mask and not causal:
+        return _CROSS_NO_MASK if cross else _NO_MASK
     if cross:
         return _CROSS_PADDING if padding else _CROSS
     if padding:
-        return _PADDING
+        return _PADDING + _LEFT if causal else _PADDING
     if causal:
         return _CAUSAL
     return tuple((kind, B, n, n) for kind, B, n in _PROBE_SIZES) + _EXTRA
@@ -101,18 +117,23 @@ def _plan(causal: bool, padding: bool, cross: bool) -> tuple[tuple[str, int, int
 
 def make_probes(
     d_model: int, seed: int, *, causal: bool = False, padding: bool = False, cross: bool = False,
-    large: float = 1.0,
+    large: float = 1.0, takes_mask: bool = True,
 ) -> list[Probe]:
     """The probes of a call form, float64 on the CPU; ``large`` multiplies the inputs of the
     ``"large scores"`` probe."""
     g = torch.Generator().manual_seed(seed)
     out = []
-    for kind, B, n_q, n_k in _plan(causal, padding, cross):
+    for kind, B, n_q, n_k in _plan(causal, padding, cross, takes_mask):
         x = torch.randn(B, n_q, d_model, generator=g, dtype=torch.float64)  # (B, n_q, d_model)
         context = torch.randn(B, n_k, d_model, generator=g, dtype=torch.float64) if cross else None
         mask: Tensor | None
-        if padding:
-            mask = _padding_mask(B, n_k) if kind != "no padding" else torch.ones(B, n_k, dtype=torch.bool)
+        rows = None
+        if not takes_mask and not causal:
+            mask = None
+        elif padding:
+            mask = _padding_mask(B, n_k, left=kind == "left padding") if kind != "no padding" \
+                else torch.ones(B, n_k, dtype=torch.bool)
+            rows = None if cross or bool(mask.all()) else mask  # self-attention: the real queries
         elif causal:
             mask = None  # the module masks the future itself
         elif kind == "blocked row":
@@ -126,13 +147,13 @@ def make_probes(
         if kind == "large scores":
             x = x * large
             context = None if context is None else context * large
-        out.append(Probe(kind, x, context, mask))
+        out.append(Probe(kind, x, context, mask, rows))
     return out
 
 
 def probe_inputs(
     d_model: int, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-    causal: bool = False, padding: bool = False, cross: bool = False,
+    causal: bool = False, padding: bool = False, cross: bool = False, takes_mask: bool = True,
 ) -> list[tuple[str, Tensor, Tensor | None]]:
     """The probes :func:`diagnose` uses: ``(kind, x, mask)`` with ``x: (B, n, d_model)`` and
     ``mask``: bool ``(n, n)`` (True = may attend), ``(B, n)`` key padding, or ``None``; masked
@@ -142,7 +163,7 @@ def probe_inputs(
     if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
         raise ValueError(f"d_model must be a positive int, got {d_model!r}")
     out: list[tuple[str, Tensor, Tensor | None]] = []
-    for p in make_probes(d_model, seed, causal=causal, padding=padding, cross=cross):
+    for p in make_probes(d_model, seed, causal=causal, padding=padding, cross=cross, takes_mask=takes_mask):
         x = p.x.to(dtype)
         both = (x, p.keys.to(dtype)) if cross else x
         out.append((p.kind, both, p.mask))  # type: ignore[arg-type]

@@ -11,9 +11,19 @@ from types import MappingProxyType
 
 from attnlib.audit.catalogue import BUGS_BY_NAME, Bug
 
-__all__ = ["AuditReport", "hint_for", "register_bugs"]
+__all__ = ["PADDED_ROWS", "AuditReport", "hint_for", "register_bugs"]
 
 _EXTRA_BUGS: dict[str, Bug] = {}  # filled by register_bugs
+PADDED_ROWS: Mapping[str, str] = MappingProxyType({
+    "the real keys": "attention over the real keys, as in the reference",
+    "zeros": "zeros (it is blocked from every key)",
+    "NaN": "NaN (it is blocked from every key)",
+    "mean of values": "the mean of all values (it is blocked from every key by a finite fill)",
+    "as if unmasked": "the unmasked softmax (every key of its row got the same additive mask)",
+    "zero vectors": "zero vectors",
+})
+"""What a module may return for a padded query (``padding=True``; not compared, a convention):
+name -> description."""
 
 
 def register_bugs(bugs: Iterable[Bug]) -> None:
@@ -49,6 +59,15 @@ class AuditReport:
     - ``dtype``, ``reference_dtype``: of your outputs and of the reference.
     - ``raised``: the kinds of probe on which your forward raised (an explanation must raise
       there too), with the error.
+    - ``untested``: the bugs no probe could test, because your module takes no mask
+      (``takes_mask=False``): they act on a mask only.
+    - ``padded_rows``: with ``padding=True``, what your module returns for a padded query (a
+      convention, not compared: a key of :data:`~attnlib.audit.search.PADDED_ROWS`, or
+      ``"something else"``); None otherwise.
+    - ``compute_dtype``: the dtype a step of your module computes in, declared
+      (``compute_dtype=``) or inferred (a float64 module within float32's rounding of the
+      reference); empty when neither.
+    - ``notes``: further lines of the report (why a tolerance was raised, ...).
     """
 
     ok: bool
@@ -65,6 +84,10 @@ class AuditReport:
     tie: str = ""
     raised: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     hint: str = ""
+    untested: tuple[str, ...] = ()
+    padded_rows: str | None = None
+    compute_dtype: str = ""
+    notes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         if self.ok:
@@ -77,9 +100,15 @@ class AuditReport:
                 f"dtypes: your module returns {self.dtype}, the reference is {self.reference_dtype}; "
                 f"compared at the coarser one's rounding tolerance, {_fmt(self.rtol)}"
             )
+        lines.extend(self.notes)
         if self.blocked_rows is not None:
             lines.append(f"a query with every key blocked gets, in your module: {self.blocked_rows} "
                          "(a convention, not a bug)")
+        if self.padded_rows is not None:
+            what = PADDED_ROWS.get(self.padded_rows, self.padded_rows)
+            lines.append(f"a padded query (not compared) gets, in your module: {what} (a convention, not a bug)")
+        if self.untested:
+            lines.append(f"your module takes no mask, so these bugs could not be tested: {', '.join(self.untested)}")
         for kind, err in self.raised.items():
             lines.append(f"your forward raised on the {kind} probes: {err}")
         if self.undetectable:
@@ -121,22 +150,35 @@ def _fmt(e: float) -> str:
     return "inf" if math.isinf(e) else f"{e:.2g}"
 
 
-def hint_for(errors: Mapping[str, float], rtol: float) -> str:
-    """What to look at when no bug of the catalogue explains the numbers."""
+def hint_for(errors: Mapping[str, float], rtol: float, *, causal: bool = False) -> str:
+    """What to look at when no bug of the catalogue explains the numbers. ``causal``: the call
+    form runs no unmasked probe (the module masks the future itself)."""
     wrong = {k for k, e in errors.items() if e > rtol}
+    beyond = (" If your module adds positions inside attention (ALiBi through another layout, partial rotary, "
+              "a relative position bias) or normalises q and k (QK-norm), no attnlib reference computes "
+              "it: see chapter 9's table of what cannot be referenced.")
     if wrong == {"large scores"}:
         return ("right except with large scores: a finite mask value (-1e4 or -1e5 added, say) loses to "
                 "scores this far apart; fill with float('-inf') or torch.finfo(dtype).min.")
     if wrong == {"blocked row"}:
         return ("right except for the query whose keys are all blocked: it returns neither zeros, NaN, "
                 "the mean of the values nor the unmasked softmax there.")
-    if wrong and wrong <= {"steps"}:
-        return "the prefill is right, the one-token steps are not: look at how the cache is updated and read."
+    if wrong and wrong <= {"steps", "chunks"}:
+        which = "one-token steps" if wrong == {"steps"} else "steps after the prefill"
+        return f"the prefill is right, the {which} are not: look at how the cache is updated and read."
     if any(k in errors and errors[k] <= rtol for k in ("no mask", "no padding")):
         return "right without a mask, wrong with one: look at how the mask is applied."
     if any(math.isinf(e) for e in errors.values()):
-        return "NaN or inf in your output: look for a softmax over a row of -inf, or an overflow."
+        return "NaN or inf in your output: look for a softmax over a row of -inf, or an overflow." + beyond
+    if any(k in errors for k in ("no mask", "no padding")):
+        return (
+            "wrong even without a mask, so not (only) the mask: compare your attention weights with "
+            "reference(x, x, x, mask=mask)[1], of shape (B, h, n, n), then the other steps." + beyond
+        )
+    first = ("every probe of this call form is masked (causal=True: your module masks the future "
+             "itself), so the mask and the other steps are both suspects" if causal
+             else "every probe of this call form is masked, so the mask and the other steps are both suspects")
     return (
-        "wrong even without a mask, so not (only) the mask: compare your attention weights with "
-        "reference(x, x, x, mask=mask)[1], of shape (B, h, n, n), then the other steps."
+        f"{first}: compare your attention weights with reference(x, x, x, mask=mask)[1], of shape "
+        "(B, h, n, n), then the other steps." + beyond
     )

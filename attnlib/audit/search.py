@@ -3,25 +3,28 @@ for the bugs that reproduce your numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from attnlib.audit.catalogue import Recipe, active_bugs, active_pairs, tie_reason
+from attnlib.audit.catalogue import BUGS_BY_NAME, Recipe, active_bugs, active_pairs, mask_bugs, tie_reason
 from attnlib.audit.checks import (
     check_flags, check_reference, default_rtol, module_dtype, relative_error, where_raised,
 )
 from attnlib.audit.engine import CONVENTIONS, Forward, ReferenceParams, modes_of, run_recipe
 from attnlib.audit.probes import LARGE_SCORES, Probe, make_probes
-from attnlib.audit.report import AuditReport, hint_for
+from attnlib.audit.report import PADDED_ROWS, AuditReport, _fmt, hint_for
 from attnlib.multihead import MultiHeadAttention
 from attnlib.rounding import rounding_tolerance
 
-__all__ = ["diagnose", "tolerance"]
+__all__ = ["assert_attention_matches", "diagnose", "tolerance"]
 
 
 class _Raised:
@@ -34,10 +37,12 @@ class _Raised:
 Output = Tensor | _Raised
 
 
-def _describe(p: Probe, cross: bool, padding: bool) -> str:
+def _describe(p: Probe, cross: bool, padding: bool, takes_mask: bool = True) -> str:
     x = f"x of shape {tuple(p.x.shape)}"
     if cross:
         x += f", context of shape {tuple(p.keys.shape)}"
+    if not takes_mask:
+        return x
     if p.mask is None:
         return x + " and mask=None"
     what = "a bool key-padding mask" if padding else "a bool mask"
@@ -46,23 +51,25 @@ def _describe(p: Probe, cross: bool, padding: bool) -> str:
 
 def _call(
     forward: Forward, p: Probe, dtype: torch.dtype, device: torch.device, cross: bool, padding: bool, d_model: int,
+    takes_mask: bool = True,
 ) -> Output:
     x = p.x.to(dtype=dtype, device=device)
     args: tuple[object, ...] = (x,) if not cross else (x, p.keys.to(dtype=dtype, device=device))
     mask = None if p.mask is None else p.mask.to(device)
-    call = "forward(x, context, mask)" if cross else "forward(x, mask)"
-    where = f"{call} with {_describe(p, cross, padding)} (reference.d_model = {d_model})"
+    call = ("forward(x, context" if cross else "forward(x") + (", mask)" if takes_mask else ")")
+    where = f"{call} with {_describe(p, cross, padding, takes_mask)} (reference.d_model = {d_model})"
     try:
         with torch.no_grad():
-            out = forward(*args, mask)
+            out = forward(*args, mask) if takes_mask else forward(*args)
     except Exception as err:  # the learner's code failed: say where, with which input
         if cross and p.x.shape[1] != p.keys.shape[1]:
             return _Raised(err)  # part of the diagnosis: keys or values made from x
         form = "(B, n_k) key-padding mask, True = real token" if padding else "(n, n) mask, True = may attend"
+        takes = (f"does your forward accept mask=None and a bool {form}" if takes_mask
+                 else "does your forward take x alone (takes_mask=False)")
         raise ValueError(
             f"{where} raised {type(err).__name__} {where_raised(err, forward)}: {err}. Does reference have your "
-            f"module's width, does your forward accept mask=None and a bool {form}, and does it take "
-            f"{dtype} inputs (else pass dtype=)?"
+            f"module's width, {takes}, and does it take {dtype} inputs (else pass dtype=)?"
         ) from err
     if isinstance(out, tuple):
         raise TypeError(f"{where} returned a tuple; return the output tensor only, e.g. lambda x, m: module(x, m)[0]")
@@ -107,17 +114,19 @@ def _refuse_half(what: str, dtype: torch.dtype) -> None:
 
 def tolerance(
     rtol: float | None, ref_dtype: torch.dtype, out_dtype: torch.dtype, reference: MultiHeadAttention,
-    w64: ReferenceParams, probes: list[Probe],
+    w64: ReferenceParams, probes: list[Probe], compute_dtype: torch.dtype | None = None,
 ) -> float:
     """``rtol``, or sqrt(eps) of the reference's dtype; at least the rounding of the coarser dtype
-    along the layer (``d_model, d_k, n_k, d_model``), and of RoPE angles taken in float32 (``n_k``
-    per rotation), relative to the largest score of the ordinary probes."""
+    (of the reference, your outputs and ``compute_dtype``, the dtype a step of your module
+    computes in) along the layer (``d_model, d_k, n_k, d_model``), and of RoPE angles taken in
+    float32 (``n_k`` per rotation), relative to the largest score of the ordinary probes."""
     if rtol is not None:
         return rtol
     tol = 0.0
     n_k = max(p.keys.shape[1] for p in probes)
     d_model, d_k = reference.d_model, reference.d_k
-    coarser = min(ref_dtype, out_dtype, key=lambda d: torch.finfo(d).bits)
+    dtypes = (ref_dtype, out_dtype) if compute_dtype is None else (ref_dtype, out_dtype, compute_dtype)
+    coarser = min(dtypes, key=lambda d: torch.finfo(d).bits)
     if coarser != ref_dtype or out_dtype != ref_dtype:
         tol += rounding_tolerance(coarser, d_model, d_k, n_k, d_model)
     if w64.rope_base is not None:
@@ -142,6 +151,8 @@ def diagnose(
     rtol: float | None = None,
     pairs: bool = True,
     dtype: torch.dtype | None = None,
+    takes_mask: bool = True,
+    compute_dtype: torch.dtype | None = None,
 ) -> AuditReport:
     """Compare your ``forward`` with ``reference`` and name the bugs that explain it.
 
@@ -151,14 +162,20 @@ def diagnose(
             ``cross=True``: ``forward(x, context, mask)``, ``x: (B, n_q, d_model)`` the queries,
             ``context: (B, n_k, d_model)`` the keys and values, ``mask`` ``(n_q, n_k)`` or None.
             ``padding=True``: ``mask`` is a bool ``(B, n_k)`` key-padding mask, True = real token
-            (every sequence has one; padding on the right). ``causal=True``: your module masks
-            the future itself; it gets ``mask=None`` (or the padding mask). Adapt your own mask
-            convention inside ``forward``.
+            (every sequence has one; padding on the right, and with ``causal=True`` on the left
+            too); only the real queries' outputs are compared, what a padded query gets is a
+            convention (``report.padded_rows``). ``causal=True``: your module masks the future
+            itself; it gets ``mask=None`` (or the padding mask). ``takes_mask=False``:
+            ``forward(x)`` (``forward(x, context)``), for a module that takes no mask (a ViT);
+            only unmasked probes run, and ``report.untested`` lists the mask bugs they cannot
+            see. Adapt your own mask convention inside ``forward``.
         reference: an :class:`~attnlib.MultiHeadAttention` holding the same weights (with
-            ``num_kv_heads`` and ``rope_base`` for grouped and rotary layers). It is called as
+            ``num_kv_heads`` and ``rope_base`` for grouped and rotary layers; an
+            :class:`~attnlib.decoding.AlibiAttention` for ALiBi). It is called as
             ``reference(x, context, context, mask)``, causally when ``causal=True``. To see a
             wrong load (``weights_transposed``), build it from the weights you loaded from.
-        causal, padding, cross: the call form (above); ``causal`` and ``cross`` exclude each other.
+        causal, padding, cross: the call form (above); ``causal`` and ``cross`` exclude each other,
+            and ``padding`` needs ``takes_mask``.
         seed: seeds the probe inputs and the random masks.
         rtol: tolerance on the relative error; default ``sqrt(eps)`` of the reference's dtype,
             raised to the rounding of the coarser dtype when your outputs have another dtype,
@@ -166,6 +183,13 @@ def diagnose(
         pairs: also try every pair of bugs when no single bug explains the outputs.
         dtype: the dtype of the inputs given to ``forward``; default that of your module's
             parameters (when ``forward`` is a module or its method), else the reference's.
+        takes_mask: False for a module called without a mask (above).
+        compute_dtype: a dtype some step of your module computes in (Hugging Face's OPT, CLIP,
+            ViT and Llama take their softmax in float32 inside a float64 module): the tolerance
+            is then that dtype's rounding along the layer. Left None, a float64 audit whose
+            error is above float64's rounding but within float32's, with no bug of the
+            catalogue to explain it, passes at float32's tolerance, and the report says that a
+            step seems to run in float32 (``report.compute_dtype``).
 
     Returns:
         an :class:`AuditReport`; ``str(report)`` says what to look for.
@@ -174,41 +198,91 @@ def diagnose(
     small, more threads only wait for each other.
 
     Raises:
-        TypeError: ``forward`` not callable; ``reference`` not a MultiHeadAttention; ``forward``
-            returning something other than one tensor; options of the wrong type.
+        TypeError: ``forward`` not callable; ``reference`` not a MultiHeadAttention (or one whose
+            attention diagnose cannot model, named); ``forward`` returning something other than
+            one tensor; options of the wrong type.
         ValueError: ``forward`` raising on the probes (the message says whether in your module
             or in your adapter), returning the wrong shape or different outputs for the same
-            input (dropout?); ``rtol <= 0``; ``causal`` with ``cross``.
+            input (dropout?); ``rtol <= 0``; ``causal`` with ``cross``; ``padding`` without
+            ``takes_mask``.
         RuntimeError: the reference raising, or computing something else than attnlib's model
-            of it (a subclass with its own forward): an error on the reference's side.
+            of it: an error on the reference's side.
     """
     if not callable(forward):
         raise TypeError(f"forward must be a callable forward(x, mask) -> Tensor, got {type(forward).__name__}")
     check_reference(reference)
     check_flags(causal, padding, cross)
+    if not isinstance(takes_mask, bool):
+        raise TypeError(f"takes_mask must be a bool, got {type(takes_mask).__name__}")
+    if padding and not takes_mask:
+        raise ValueError("padding=True gives your forward a padding mask; a module that takes no mask "
+                         "(takes_mask=False) cannot be audited with one")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if not isinstance(pairs, bool):
         raise TypeError(f"pairs must be a bool, got {type(pairs).__name__}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
+    for name, value in (("dtype", dtype), ("compute_dtype", compute_dtype)):
+        if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+            raise TypeError(f"{name} must be a floating torch.dtype or None, got {value!r}")
     if rtol is not None and (isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not rtol > 0):
         raise ValueError(f"rtol must be a positive number, got {rtol!r}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: threads only add waiting (10x on a busy machine)
     try:
-        return _search(forward, reference, causal, padding, cross, seed,
-                       None if rtol is None else float(rtol), pairs, dtype)
+        form = _Form(causal, padding, cross, takes_mask)
+        return _search(forward, reference, form, seed, None if rtol is None else float(rtol), pairs, dtype,
+                       compute_dtype)
     finally:
         torch.set_num_threads(threads)
+
+
+def assert_attention_matches(forward: Forward, reference: MultiHeadAttention, **flags: Any) -> AuditReport:
+    """:func:`diagnose` for your own test suite: the report when your ``forward`` matches
+    ``reference``; otherwise ``AssertionError`` with the report's text (what is wrong, the bug
+    it names and the line to look for). ``flags``: :func:`diagnose`'s keywords (``causal``,
+    ``padding``, ``cross``, ``takes_mask``, ``dtype``, ``compute_dtype``, ``rtol``, ``seed``).
+
+    Raises:
+        AssertionError: your module disagrees with the reference.
+        TypeError, ValueError, RuntimeError: as :func:`diagnose` (a wrong call, not a wrong module).
+    """
+    report = diagnose(forward, reference, **flags)
+    if not report.ok:
+        raise AssertionError(str(report))
+    return report
+
+
+@dataclass(frozen=True)
+class _Form:
+    """A call form: :func:`diagnose`'s flags."""
+
+    causal: bool
+    padding: bool
+    cross: bool
+    takes_mask: bool
+
+
+def _rows(t: Tensor, p: Probe) -> Tensor:
+    """The compared rows of an output ``(B, n_q, d)``: all, or the real queries' ``(N, d)``."""
+    return t if p.rows is None else t[p.rows]
 
 
 class _Matcher:
     """Does a recipe reproduce target outputs on every probe, for some blocked-line convention?"""
 
-    def __init__(self, w64: ReferenceParams, probes: list[Probe], causal: bool, padding: bool, rtol: float) -> None:
+    def __init__(
+        self, w64: ReferenceParams, probes: list[Probe], causal: bool, padding: bool, rtol: float,
+        every_row: bool = False,
+    ) -> None:
         self.w64, self.probes, self.causal, self.padding, self.rtol = w64, probes, causal, padding, rtol
+        self.every_row = every_row  # compare the padded queries' rows too
         self.cache: dict[tuple[Recipe, int], dict[str, Tensor] | _Raised] = {}
+
+    def with_rtol(self, rtol: float, every_row: bool = False) -> _Matcher:
+        """The same matcher (sharing the computed outputs) at another tolerance."""
+        other = _Matcher(self.w64, self.probes, self.causal, self.padding, rtol, every_row)
+        other.cache = self.cache
+        return other
 
     def outputs(self, r: Recipe, i: int) -> dict[str, Tensor] | _Raised:
         key = (r, i)
@@ -221,6 +295,12 @@ class _Matcher:
                 self.cache[key] = _Raised(err)
         return self.cache[key]
 
+    def _error(self, target: Tensor, out: Tensor, i: int) -> float:
+        p = self.probes[i]
+        if self.every_row:
+            return relative_error(target, out)
+        return relative_error(_rows(target, p), _rows(out, p))
+
     def convention(self, r: Recipe, targets: Sequence[Output]) -> str | None:
         """The first convention under which ``r`` matches every target, or None."""
         alive = list(CONVENTIONS)
@@ -231,9 +311,9 @@ class _Matcher:
                     return None
                 continue
             if "any" in outs:  # no blocked line: one output for every convention
-                alive = alive if relative_error(target, outs["any"]) <= self.rtol else []
+                alive = alive if self._error(target, outs["any"], i) <= self.rtol else []
             else:
-                alive = [c for c in alive if relative_error(target, outs[c]) <= self.rtol]
+                alive = [c for c in alive if self._error(target, outs[c], i) <= self.rtol]
             if not alive:
                 return None
         return alive[0]
@@ -245,8 +325,33 @@ class _Matcher:
             if isinstance(target, _Raised) or isinstance(outs, _Raised):
                 out.append(0.0 if isinstance(target, _Raised) and isinstance(outs, _Raised) else math.inf)
             else:
-                out.append(relative_error(target, outs.get(convention, outs.get("any"))))  # type: ignore[arg-type]
+                out.append(self._error(target, outs.get(convention, outs.get("any")), i))  # type: ignore[arg-type]
         return out
+
+    def explanations(self, targets: Sequence[Output], modes: frozenset[str], pairs: bool) -> tuple[tuple[str, ...], ...]:
+        """The single bugs that reproduce ``targets``; the pairs when no single one does."""
+        found: tuple[tuple[str, ...], ...] = tuple(
+            (b.name,) for b in active_bugs(modes) if any(self.convention(rc, targets) for rc in b.recipes()))
+        if not found and pairs:
+            found = tuple(
+                (a.name, b.name) for a, b in active_pairs(modes)
+                if any(self.convention(rb, targets) for ra in a.recipes() for rb in b.recipes(ra))
+            )
+        if len(found) > 1 and any(p.rows is not None for p in self.probes):
+            # the padded queries' rows are a convention for a right module; between explanations
+            # that the real rows cannot tell apart, those that fit the padded rows too come first
+            every = self.with_rtol(self.rtol, every_row=True)
+            closer = tuple(e for e in found if any(every.convention(r, targets) for r in _recipes(e)))
+            found = closer or found
+        return found
+
+
+def _recipes(names: tuple[str, ...]) -> list[Recipe]:
+    """Every recipe of an explanation: one bug's ways of being made, or a pair's combinations."""
+    first = BUGS_BY_NAME[names[0]].recipes()
+    if len(names) == 1:
+        return list(first)
+    return [rb for ra in first for rb in BUGS_BY_NAME[names[1]].recipes(ra)]
 
 
 def _zeros(outs: dict[str, Tensor] | _Raised) -> Tensor:
@@ -256,33 +361,64 @@ def _zeros(outs: dict[str, Tensor] | _Raised) -> Tensor:
 
 
 def _blocked_lines(m: _Matcher) -> bool:
-    """Has the right layer a query with no allowed key on some probe?"""
-    return any(isinstance(o, dict) and "any" not in o for o in (m.outputs(Recipe(), i) for i in range(len(m.probes))))
+    """Has the right layer a query with no allowed key on some probe (padded queries aside)?"""
+    for i, p in enumerate(m.probes):
+        outs = m.outputs(Recipe(), i)
+        if isinstance(outs, dict) and "any" not in outs:
+            lines = _rows(outs["NaN"].isnan().any(dim=-1), p)  # the queries that read nothing
+            if bool(lines.any()):
+                return True
+    return False
+
+
+def _padded_rows(m: _Matcher, yours: Sequence[Output]) -> str | None:
+    """What your module returns for padded queries: a key of :data:`PADDED_ROWS`,
+    ``"something else"``, or None when no probe has a padded query."""
+    both = dataclasses.replace(Recipe(), padding="keys and queries")
+    alive = list(PADDED_ROWS)
+    seen = False
+    for i, (p, y) in enumerate(zip(m.probes, yours)):
+        if p.rows is None or not isinstance(y, Tensor):
+            continue
+        seen = True
+        pad = ~p.rows  # (B, n_q): the padded queries
+        right, outs = m.outputs(Recipe(), i), m.outputs(both, i)
+        assert isinstance(right, dict) and isinstance(outs, dict)
+        candidates = {"the real keys": _zeros(right), "zero vectors": torch.zeros_like(y, dtype=torch.float64)}
+        candidates.update({c: outs.get(c, outs.get("any")) for c in CONVENTIONS})  # type: ignore[misc]
+        alive = [c for c in alive if relative_error(y[pad], candidates[c][pad]) <= m.rtol]
+    if not seen:
+        return None
+    return alive[0] if alive else "something else"
 
 
 def _search(
-    forward: Forward, reference: MultiHeadAttention, causal: bool, padding: bool, cross: bool, seed: int,
-    rtol: float | None, pairs: bool, dtype: torch.dtype | None,
+    forward: Forward, reference: MultiHeadAttention, form: _Form, seed: int,
+    rtol: float | None, pairs: bool, dtype: torch.dtype | None, compute_dtype: torch.dtype | None,
 ) -> AuditReport:
     """:func:`diagnose` after its argument checks."""
+    causal, padding, cross, takes_mask = form.causal, form.padding, form.cross, form.takes_mask
     ref_dtype, device = reference.w_q.dtype, reference.w_q.device
     d_model = reference.d_model
     w64 = ReferenceParams.of(reference, torch.float64)
-    probes = make_probes(d_model, seed, causal=causal, padding=padding, cross=cross, large=_large_scale(w64, d_model))
+    probes = make_probes(d_model, seed, causal=causal, padding=padding, cross=cross,
+                         large=_large_scale(w64, d_model), takes_mask=takes_mask)
     in_dtype = dtype or module_dtype(forward) or ref_dtype
     _refuse_half("your module", in_dtype)
     _refuse_half("the reference", ref_dtype)
 
     # 1. your outputs and the reference's
-    yours = [_call(forward, p, in_dtype, device, cross, padding, d_model) for p in probes]
+    yours = [_call(forward, p, in_dtype, device, cross, padding, d_model, takes_mask) for p in probes]
     first = next(i for i, y in enumerate(yours) if isinstance(y, Tensor))  # n_q = n_k never raises
-    again = _call(forward, probes[first], in_dtype, device, cross, padding, d_model)
+    again = _call(forward, probes[first], in_dtype, device, cross, padding, d_model, takes_mask)
     if not (isinstance(again, Tensor) and torch.equal(torch.nan_to_num(again), torch.nan_to_num(yours[first]))):  # type: ignore[arg-type]
         raise ValueError(
             "forward gave different outputs for the same input: is dropout on? Call module.eval() first."
         )
     out_dtype = yours[first].dtype  # type: ignore[union-attr]
     _refuse_half("your module's output", out_dtype)
+    if compute_dtype is not None:
+        _refuse_half("compute_dtype", compute_dtype)
     expected = []
     for p in probes:
         x, keys = p.x.to(ref_dtype).to(device), p.keys.to(ref_dtype).to(device)
@@ -296,7 +432,8 @@ def _search(
                 "reference's side (the attnlib.MultiHeadAttention you built), not in your module: check its "
                 "d_model, num_heads, num_kv_heads and rope_base against your module's"
             ) from err
-    rtol = tolerance(rtol, ref_dtype, out_dtype, reference, w64, probes)
+    given_rtol = rtol
+    rtol = tolerance(rtol, ref_dtype, out_dtype, reference, w64, probes, compute_dtype)
 
     # 2. the right layer in float64, checked against the reference's own forward
     m = _Matcher(w64, probes, causal, padding, rtol)
@@ -307,7 +444,21 @@ def _search(
                 f"attnlib.audit's model of the layer disagrees with reference.forward on a {p.kind} probe; "
                 "is reference a subclass with its own forward?"
             )
+    modes = modes_of(reference, causal, padding, cross, takes_mask)
     convention = m.convention(Recipe(), yours)
+    explanations: tuple[tuple[str, ...], ...] = ()
+    if convention is None:
+        explanations = m.explanations(yours, modes, pairs)
+    # a step in float32 inside a float64 module: rounding of float32, not a bug
+    inferred = ""
+    if (convention is None and not explanations and given_rtol is None and compute_dtype is None
+            and ref_dtype == out_dtype == torch.float64):
+        m32 = m.with_rtol(tolerance(None, ref_dtype, out_dtype, reference, w64, probes, torch.float32))
+        convention = m32.convention(Recipe(), yours)
+        if convention is None:
+            explanations = m32.explanations(yours, modes, pairs)
+        if convention is not None or explanations:
+            m, rtol, inferred = m32, m32.rtol, "float32"
     ok = convention is not None
     if convention is None:  # the errors under the convention that fits the most probes
         def misfit(c: str) -> tuple[int, float]:
@@ -322,24 +473,25 @@ def _search(
     raised = {p.kind: y.text for p, y in zip(probes, yours) if isinstance(y, _Raised)}
 
     # 3. the candidates, computed in float64 from the reference's weights
-    modes = modes_of(reference, causal, padding, cross)
     undetectable = tuple(
         b.name for b in active_bugs(modes) if any(m.convention(rc, right) for rc in b.recipes())
     )
-    explanations: tuple[tuple[str, ...], ...] = ()
-    if not ok:
-        explanations = tuple(
-            (b.name,) for b in active_bugs(modes) if any(m.convention(rc, yours) for rc in b.recipes())
-        )
-        if not explanations and pairs:
-            explanations = tuple(
-                (a.name, b.name) for a, b in active_pairs(modes)
-                if any(m.convention(rb, yours) for ra in a.recipes() for rb in b.recipes(ra))
-            )
     names = tuple(dict.fromkeys(itertools.chain.from_iterable(explanations)))
     tie = ""
     if len(explanations) > 1:
         tie = tie_reason(frozenset(names), reference.num_heads, reference.d_k)
+    notes = []
+    if inferred:
+        notes.append(
+            f"a step of your module seems to run in {inferred}: its outputs differ from the float64 reference by "
+            f"more than float64's rounding, but within {inferred}'s, so it was compared at {inferred}'s "
+            f"tolerance ({_fmt(rtol)}). Hugging Face's OPT, CLIP, ViT and Llama layers take their softmax in "
+            f"float32; audit such a module in float32, or pass compute_dtype=torch.{inferred} to say so."
+        )
+    elif compute_dtype is not None and compute_dtype != out_dtype:
+        name = str(compute_dtype).removeprefix("torch.")
+        notes.append(f"compute_dtype={name}: compared at {name}'s rounding, {_fmt(rtol)}")
+    untested = () if "mask" in modes else mask_bugs(modes | {"mask"})
     return AuditReport(
         ok=ok,
         bugs=names,
@@ -354,6 +506,9 @@ def _search(
         reference_dtype=str(ref_dtype).removeprefix("torch."),
         tie=tie,
         raised=MappingProxyType(raised),
-        hint="" if ok or explanations else hint_for(errors, rtol),
+        hint="" if ok or explanations else hint_for(errors, rtol, causal=causal),
+        untested=untested,
+        padded_rows=_padded_rows(m, yours) if ok and padding and not cross else None,
+        compute_dtype=inferred or ("" if compute_dtype is None else str(compute_dtype).removeprefix("torch.")),
+        notes=tuple(notes),
     )
-
