@@ -272,7 +272,21 @@ class MultiHeadAttention(nn.Module):
     def from_torch(cls, m: nn.MultiheadAttention) -> Self:
         """The same function as ``m`` (batch-first inputs; ``m`` in eval mode, since
         attnlib has no dropout). Weights are copied and transposed to ``x @ W``
-        (:func:`attnlib.interop.read_torch_mha`)."""
+        (:func:`attnlib.interop.read_torch_mha`).
+
+        Raises:
+            TypeError: ``m`` is not an ``nn.MultiheadAttention`` (the message names the readers
+                of :mod:`attnlib.interop` that build a reference from other layouts).
+        """
+        if not isinstance(m, nn.MultiheadAttention):
+            raise TypeError(
+                f"expected torch.nn.MultiheadAttention, got {type(m).__name__}: from_torch reads torch's module "
+                f"only; build the reference from your module's weights with a reader of attnlib.interop, e.g. "
+                f"MultiHeadAttention.from_weights(read_separate_linear((q.weight, q.bias), (k.weight, k.bias), "
+                f"(v.weight, v.bias), (o.weight, o.bias)), num_heads) for four nn.Linear layers; "
+                f"read_packed_linear for one packed q/k/v layer (nanoGPT's c_attn), read_conv1d for GPT-2, "
+                f"read_linear_heads for a list of heads, read_llama for Llama-style layers (chapter 9)"
+            )
         return cls.from_weights(read_torch_mha(m), m.num_heads)
 
     def to_torch(self) -> nn.MultiheadAttention:

@@ -442,3 +442,19 @@ def test_assert_attention_matches_raises_with_the_report() -> None:
     with pytest.raises(AssertionError, match="merge_without_transpose") as caught:
         assert_attention_matches(module, module.reference())
     assert "look for:" in str(caught.value)
+
+
+def test_from_torch_names_the_readers_for_another_class() -> None:
+    with pytest.raises(TypeError, match="from_torch reads torch.nn.MultiheadAttention only, got JsbaanMHA.*"
+                                        "read_separate_linear"):
+        MultiHeadAttention.from_torch(JsbaanMHA(D, H, fixed=True))  # type: ignore[arg-type]
+
+
+def test_read_bloom_reads_bias_free_layers() -> None:
+    torch.manual_seed(0)
+    layers = nn.ModuleDict({"query_key_value": nn.Linear(D, 3 * D, bias=False), "dense": nn.Linear(D, D, bias=False)})
+    weights = read_bloom(layers, num_heads=H)
+    assert weights.b_q is None and weights.b_o is None
+    layers["dense"] = nn.Linear(D, D)  # one with a bias, one without: zeros for the missing one
+    mixed = read_bloom(layers, num_heads=H)
+    assert mixed.b_q is not None and not mixed.b_q.any() and mixed.b_o is not None

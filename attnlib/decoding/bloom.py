@@ -31,12 +31,14 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
     weights: :class:`attnlib.decoding.AlibiAttention` adds them.
 
     Args:
-        attn: a module with ``query_key_value`` and ``dense`` (``nn.Linear`` with bias),
-            e.g. ``BloomAttention`` or the ``nn.ModuleDict`` of :func:`write_bloom`.
+        attn: a module with ``query_key_value`` and ``dense`` (``nn.Linear``, with or without
+            bias: layers without one read as ``None`` biases, one without beside one with as
+            zeros), e.g. ``BloomAttention``, the per-head packed projections of a GPT-NeoX-style
+            layer, or the ``nn.ModuleDict`` of :func:`write_bloom`.
         num_heads: ``h``; default ``attn.num_heads`` (``BloomAttention`` has it).
 
     Raises:
-        TypeError: a projection missing, not an ``nn.Linear`` or without bias.
+        TypeError: a projection missing or not an ``nn.Linear``.
         ValueError: ``num_heads`` missing or disagreeing with ``attn.num_heads``; shapes
             that do not fit ``(3 h d_k, d)`` and ``(d, h d_k)``; dropout > 0
             in ``attn`` (``attention_dropout``).
@@ -44,8 +46,8 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
     layers: dict[str, nn.Linear] = {}
     for name in ("query_key_value", "dense"):
         layer = getattr(attn, name, None)
-        if not isinstance(layer, nn.Linear) or layer.bias is None:
-            raise TypeError(f"attn.{name} must be an nn.Linear with bias, got {type(layer).__name__}")
+        if not isinstance(layer, nn.Linear):
+            raise TypeError(f"attn.{name} must be an nn.Linear, got {type(layer).__name__}")
         layers[name] = layer
     own = getattr(attn, "num_heads", None)
     if num_heads is None:
@@ -58,7 +60,7 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
     dropout = getattr(attn, "attention_dropout", None)
     if isinstance(dropout, nn.Dropout) and dropout.p > 0:
         raise ValueError(f"attention_dropout p={dropout.p} > 0: attnlib has no dropout; set it to 0 (inference)")
-    w, b = layers["query_key_value"].weight.detach(), layers["query_key_value"].bias.detach()  # (3D, d), (3D,)
+    w = layers["query_key_value"].weight.detach()  # (3*h*d_k, d)
     three_hd, d = w.shape
     d_k = three_hd // (3 * h)
     if d_k == 0 or three_hd != 3 * h * d_k or layers["dense"].weight.shape != (d, h * d_k):
@@ -67,15 +69,23 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
             f"got {format_shape(w)} and {format_shape(layers['dense'].weight)}"
         )
     blocks = w.view(h, 3, d_k, d)  # (h, q/k/v, d_k, d): head i's three (d_k, d) blocks
-    biases = b.view(h, 3, d_k)  # (h, q/k/v, d_k)
+    dense = layers["dense"]
+    qkv_bias, dense_bias = layers["query_key_value"].bias, dense.bias
+    if qkv_bias is None and dense_bias is None:  # bias-free layers (GPT-NeoX-style with use_bias off)
+        b3: Tensor | None = None
+        b_o: Tensor | None = None
+    else:  # a missing bias reads as zeros, which computes the same function
+        b3 = torch.zeros(three_hd, dtype=w.dtype, device=w.device) if qkv_bias is None else qkv_bias.detach()
+        b_o = torch.zeros(d, dtype=w.dtype, device=w.device) if dense_bias is None else dense_bias.detach().clone()
+    biases = None if b3 is None else b3.view(h, 3, d_k)  # (h, q/k/v, d_k)
 
-    def paper(t: int) -> tuple[Tensor, Tensor]:  # projection t of every head: (d, h*d_k), (h*d_k,)
-        return blocks[:, t].reshape(h * d_k, d).T.clone(), biases[:, t].reshape(h * d_k).clone()
+    def paper(t: int) -> tuple[Tensor, Tensor | None]:  # projection t of every head: (d, h*d_k), (h*d_k,)
+        bias = None if biases is None else biases[:, t].reshape(h * d_k).clone()
+        return blocks[:, t].reshape(h * d_k, d).T.clone(), bias
 
     (w_q, b_q), (w_k, b_k), (w_v, b_v) = paper(0), paper(1), paper(2)
-    dense = layers["dense"]
     return AttentionWeights(w_q=w_q, w_k=w_k, w_v=w_v, w_o=dense.weight.detach().T.clone(),
-                            b_q=b_q, b_k=b_k, b_v=b_v, b_o=dense.bias.detach().clone())
+                            b_q=b_q, b_k=b_k, b_v=b_v, b_o=b_o)
 
 
 def write_bloom(weights: AttentionWeights, num_heads: int) -> nn.ModuleDict:
