@@ -445,8 +445,8 @@ def test_assert_attention_matches_raises_with_the_report() -> None:
 
 
 def test_from_torch_names_the_readers_for_another_class() -> None:
-    with pytest.raises(TypeError, match="from_torch reads torch.nn.MultiheadAttention only, got JsbaanMHA.*"
-                                        "read_separate_linear"):
+    with pytest.raises(TypeError, match="expected torch.nn.MultiheadAttention, got JsbaanMHA: from_torch reads "
+                                        "torch's module only.*read_separate_linear"):
         MultiHeadAttention.from_torch(JsbaanMHA(D, H, fixed=True))  # type: ignore[arg-type]
 
 
