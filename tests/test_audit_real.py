@@ -458,3 +458,17 @@ def test_read_bloom_reads_bias_free_layers() -> None:
     layers["dense"] = nn.Linear(D, D)  # one with a bias, one without: zeros for the missing one
     mixed = read_bloom(layers, num_heads=H)
     assert mixed.b_q is not None and not mixed.b_q.any() and mixed.b_o is not None
+
+
+def test_the_landing_page_quick_start_prints_what_the_page_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).parents[1] / "intro.md").read_text()
+    part = page[page.index("**Is my attention module right?**"):]
+    code = part[part.index("```python\n") + 10:]
+    code = code[: code.index("```")]
+    shown = part[part.index("```text\n") + 8:]
+    shown = shown[: shown.index("```")]
+    torch.manual_seed(0)
+    exec(compile(code, "intro.md", "exec"), {})
+    assert capsys.readouterr().out == shown

@@ -154,9 +154,9 @@ def hint_for(errors: Mapping[str, float], rtol: float, *, causal: bool = False) 
     """What to look at when no bug of the catalogue explains the numbers. ``causal``: the call
     form runs no unmasked probe (the module masks the future itself)."""
     wrong = {k for k, e in errors.items() if e > rtol}
-    beyond = (" If your module adds positions inside attention (ALiBi through another layout, partial rotary, "
-              "a relative position bias) or normalises q and k (QK-norm), no attnlib reference computes "
-              "it: see chapter 9's table of what cannot be referenced.")
+    beyond = (" If your module adds positions inside attention (partial rotary, a relative position bias; "
+              "ALiBi needs an AlibiAttention reference) or normalises q and k (QK-norm), no attnlib "
+              "reference computes it: see chapter 9's table of what cannot be referenced.")
     if wrong == {"large scores"}:
         return ("right except with large scores: a finite mask value (-1e4 or -1e5 added, say) loses to "
                 "scores this far apart; fill with float('-inf') or torch.finfo(dtype).min.")
