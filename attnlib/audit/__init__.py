@@ -11,7 +11,7 @@ the layer with each bug of :data:`BUGS` planted, and with every pair of them, fr
 reference's weights and attnlib's own pieces, and reports the bugs whose outputs match yours.
 
 Call forms: self-attention ``forward(x, mask)`` with a bool ``(n, n)`` mask (True = may
-attend) or None; ``causal=True`` for a module that masks the future itself; ``padding=True``
+attend) or None; ``takes_mask=False`` for ``forward(x)``; ``causal=True`` for a module that masks the future itself; ``padding=True``
 for a ``(B, n_k)`` key-padding mask (True = real token); ``cross=True`` for
 ``forward(x, context, mask)``. The reference may have grouped keys/values (``num_kv_heads``)
 and RoPE (``rope_base``). :func:`diagnose_cache` checks incremental decoding with a KV cache.
@@ -23,7 +23,9 @@ else the fix may belong (an adapter, the loading code).
 The package: :mod:`~attnlib.audit.catalogue` (the bugs), :mod:`~attnlib.audit.checks` (the
 argument checks and the error measure), :mod:`~attnlib.audit.engine` (the layer built from a
 recipe; :func:`planted`), :mod:`~attnlib.audit.probes`, :mod:`~attnlib.audit.report`,
-:mod:`~attnlib.audit.search` (:func:`diagnose`) and :mod:`~attnlib.audit.cache`.
+:mod:`~attnlib.audit.matcher` (does a recipe reproduce your outputs?),
+:mod:`~attnlib.audit.search` (:func:`diagnose`, :func:`assert_attention_matches`) and
+:mod:`~attnlib.audit.cache` (:func:`diagnose_cache`, :func:`assert_cache_matches`).
 """
 
 from attnlib.audit.cache import CACHE_BUGS, Step, assert_cache_matches, diagnose_cache

@@ -34,7 +34,7 @@ from attnlib.audit.catalogue import BUGS_BY_NAME, Bug, tie_reason
 from attnlib.audit.checks import check_reference, default_rtol, module_dtype, relative_error, where_raised
 from attnlib.audit.engine import ReferenceParams
 from attnlib.audit.probes import Probe
-from attnlib.audit.report import AuditReport, _fmt, hint_for, register_bugs
+from attnlib.audit.report import AuditReport, fmt_error, hint_for, register_bugs
 from attnlib.audit.search import tolerance
 from attnlib.decoding import apply_rope
 from attnlib.multihead import MultiHeadAttention
@@ -330,7 +330,7 @@ def diagnose_cache(
     if inferred:
         notes = (f"a step of your module seems to run in float32: its outputs differ from the float64 reference "
                  f"by more than float64's rounding, but within float32's, so it was compared at float32's "
-                 f"tolerance ({_fmt(rtol)}); pass compute_dtype=torch.float32 to say so.",)
+                 f"tolerance ({fmt_error(rtol)}); pass compute_dtype=torch.float32 to say so.",)
     return AuditReport(
         ok=ok, bugs=names, explanations=explanations, max_error=max(errors.values()),
         errors=MappingProxyType(errors), undetectable=undetectable, rtol=rtol, num_heads=reference.num_heads,

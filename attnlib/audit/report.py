@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from attnlib.audit.catalogue import BUGS_BY_NAME, Bug
 
-__all__ = ["PADDED_ROWS", "AuditReport", "hint_for", "register_bugs"]
+__all__ = ["PADDED_ROWS", "AuditReport", "fmt_error", "hint_for", "register_bugs"]
 
 _EXTRA_BUGS: dict[str, Bug] = {}  # filled by register_bugs
 PADDED_ROWS: Mapping[str, str] = MappingProxyType({
@@ -62,7 +62,7 @@ class AuditReport:
     - ``untested``: the bugs no probe could test, because your module takes no mask
       (``takes_mask=False``): they act on a mask only.
     - ``padded_rows``: with ``padding=True``, what your module returns for a padded query (a
-      convention, not compared: a key of :data:`~attnlib.audit.search.PADDED_ROWS`, or
+      convention, not compared: a key of :data:`~attnlib.audit.report.PADDED_ROWS`, or
       ``"something else"``); None otherwise.
     - ``compute_dtype``: the dtype a step of your module computes in, declared
       (``compute_dtype=``) or inferred (a float64 module within float32's rounding of the
@@ -91,14 +91,14 @@ class AuditReport:
 
     def __str__(self) -> str:
         if self.ok:
-            lines = [f"OK: matches the reference to within {_fmt(self.rtol)} (relative) on every probe"]
+            lines = [f"OK: matches the reference to within {fmt_error(self.rtol)} (relative) on every probe"]
         else:
-            per_kind = ", ".join(f"{k} {_fmt(v) if v > self.rtol else 'ok'}" for k, v in self.errors.items())
-            lines = [f"WRONG: worst relative error {_fmt(self.max_error)} ({per_kind})"]
+            per_kind = ", ".join(f"{k} {fmt_error(v) if v > self.rtol else 'ok'}" for k, v in self.errors.items())
+            lines = [f"WRONG: worst relative error {fmt_error(self.max_error)} ({per_kind})"]
         if self.dtype and self.dtype != self.reference_dtype:
             lines.append(
                 f"dtypes: your module returns {self.dtype}, the reference is {self.reference_dtype}; "
-                f"compared at the coarser one's rounding tolerance, {_fmt(self.rtol)}"
+                f"compared at the coarser one's rounding tolerance, {fmt_error(self.rtol)}"
             )
         lines.extend(self.notes)
         if self.blocked_rows is not None:
@@ -146,7 +146,8 @@ def _wrap(lines: list[str], width: int = 78) -> str:
     )
 
 
-def _fmt(e: float) -> str:
+def fmt_error(e: float) -> str:
+    """A relative error or tolerance as the report prints it: two significant digits, or ``inf``."""
     return "inf" if math.isinf(e) else f"{e:.2g}"
 
 

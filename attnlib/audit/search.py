@@ -3,10 +3,8 @@ for the bugs that reproduce your numbers."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -14,27 +12,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlib.audit.catalogue import BUGS_BY_NAME, Recipe, active_bugs, active_pairs, mask_bugs, tie_reason
+from attnlib.audit.catalogue import Recipe, active_bugs, mask_bugs, tie_reason
 from attnlib.audit.checks import (
     check_flags, check_reference, default_rtol, module_dtype, relative_error, where_raised,
 )
-from attnlib.audit.engine import CONVENTIONS, Forward, ReferenceParams, modes_of, run_recipe
+from attnlib.audit.engine import CONVENTIONS, Forward, ReferenceParams, modes_of
+from attnlib.audit.matcher import (
+    Matcher, Output, Raised, has_blocked_lines, padded_rows, right_output,
+)
 from attnlib.audit.probes import LARGE_SCORES, Probe, make_probes
-from attnlib.audit.report import PADDED_ROWS, AuditReport, _fmt, hint_for
+from attnlib.audit.report import AuditReport, fmt_error, hint_for
 from attnlib.multihead import MultiHeadAttention
 from attnlib.rounding import rounding_tolerance
 
 __all__ = ["assert_attention_matches", "diagnose", "tolerance"]
 
 
-class _Raised:
-    """A call that raised: the kind of error, for matching (a candidate must raise too)."""
 
-    def __init__(self, err: BaseException) -> None:
-        self.text = f"{type(err).__name__}: {err}"
-
-
-Output = Tensor | _Raised
 
 
 def _describe(p: Probe, cross: bool, padding: bool, takes_mask: bool = True) -> str:
@@ -63,7 +57,7 @@ def _call(
             out = forward(*args, mask) if takes_mask else forward(*args)
     except Exception as err:  # the learner's code failed: say where, with which input
         if cross and p.x.shape[1] != p.keys.shape[1]:
-            return _Raised(err)  # part of the diagnosis: keys or values made from x
+            return Raised(err)  # part of the diagnosis: keys or values made from x
         form = "(B, n_k) key-padding mask, True = real token" if padding else "(n, n) mask, True = may attend"
         takes = (f"does your forward accept mask=None and a bool {form}" if takes_mask
                  else "does your forward take x alone (takes_mask=False)")
@@ -262,136 +256,6 @@ class _Form:
     takes_mask: bool
 
 
-def _rows(t: Tensor, p: Probe) -> Tensor:
-    """The compared rows of an output ``(B, n_q, d)``: all, or the real queries' ``(N, d)``."""
-    return t if p.rows is None else t[p.rows]
-
-
-class _Matcher:
-    """Does a recipe reproduce target outputs on every probe, for some blocked-line convention?"""
-
-    def __init__(
-        self, w64: ReferenceParams, probes: list[Probe], causal: bool, padding: bool, rtol: float,
-        every_row: bool = False,
-    ) -> None:
-        self.w64, self.probes, self.causal, self.padding, self.rtol = w64, probes, causal, padding, rtol
-        self.every_row = every_row  # compare the padded queries' rows too
-        self.cache: dict[tuple[Recipe, int], dict[str, Tensor] | _Raised] = {}
-
-    def with_rtol(self, rtol: float, every_row: bool = False) -> _Matcher:
-        """The same matcher (sharing the computed outputs) at another tolerance."""
-        other = _Matcher(self.w64, self.probes, self.causal, self.padding, rtol, every_row)
-        other.cache = self.cache
-        return other
-
-    def outputs(self, r: Recipe, i: int) -> dict[str, Tensor] | _Raised:
-        key = (r, i)
-        if key not in self.cache:
-            p = self.probes[i]
-            try:
-                self.cache[key] = run_recipe(r, self.w64, p.x, p.keys, p.mask,
-                                             causal=self.causal, padding=self.padding)
-            except (RuntimeError, ValueError, IndexError) as err:  # the buggy code cannot run here
-                self.cache[key] = _Raised(err)
-        return self.cache[key]
-
-    def _error(self, target: Tensor, out: Tensor, i: int) -> float:
-        p = self.probes[i]
-        if self.every_row:
-            return relative_error(target, out)
-        return relative_error(_rows(target, p), _rows(out, p))
-
-    def convention(self, r: Recipe, targets: Sequence[Output]) -> str | None:
-        """The first convention under which ``r`` matches every target, or None."""
-        alive = list(CONVENTIONS)
-        for i, target in enumerate(targets):  # stop at the first probe that differs
-            outs = self.outputs(r, i)
-            if isinstance(target, _Raised) or isinstance(outs, _Raised):
-                if not (isinstance(target, _Raised) and isinstance(outs, _Raised)):
-                    return None
-                continue
-            if "any" in outs:  # no blocked line: one output for every convention
-                alive = alive if self._error(target, outs["any"], i) <= self.rtol else []
-            else:
-                alive = [c for c in alive if self._error(target, outs[c], i) <= self.rtol]
-            if not alive:
-                return None
-        return alive[0]
-
-    def errors(self, r: Recipe, targets: Sequence[Output], convention: str) -> list[float]:
-        out = []
-        for i, target in enumerate(targets):
-            outs = self.outputs(r, i)
-            if isinstance(target, _Raised) or isinstance(outs, _Raised):
-                out.append(0.0 if isinstance(target, _Raised) and isinstance(outs, _Raised) else math.inf)
-            else:
-                out.append(self._error(target, outs.get(convention, outs.get("any")), i))  # type: ignore[arg-type]
-        return out
-
-    def explanations(self, targets: Sequence[Output], modes: frozenset[str], pairs: bool) -> tuple[tuple[str, ...], ...]:
-        """The single bugs that reproduce ``targets``; the pairs when no single one does."""
-        found: tuple[tuple[str, ...], ...] = tuple(
-            (b.name,) for b in active_bugs(modes) if any(self.convention(rc, targets) for rc in b.recipes()))
-        if not found and pairs:
-            found = tuple(
-                (a.name, b.name) for a, b in active_pairs(modes)
-                if any(self.convention(rb, targets) for ra in a.recipes() for rb in b.recipes(ra))
-            )
-        if len(found) > 1 and any(p.rows is not None for p in self.probes):
-            # the padded queries' rows are a convention for a right module; between explanations
-            # that the real rows cannot tell apart, those that fit the padded rows too come first
-            every = self.with_rtol(self.rtol, every_row=True)
-            closer = tuple(e for e in found if any(every.convention(r, targets) for r in _recipes(e)))
-            found = closer or found
-        return found
-
-
-def _recipes(names: tuple[str, ...]) -> list[Recipe]:
-    """Every recipe of an explanation: one bug's ways of being made, or a pair's combinations."""
-    first = BUGS_BY_NAME[names[0]].recipes()
-    if len(names) == 1:
-        return list(first)
-    return [rb for ra in first for rb in BUGS_BY_NAME[names[1]].recipes(ra)]
-
-
-def _zeros(outs: dict[str, Tensor] | _Raised) -> Tensor:
-    """The right layer's output (it never raises) with attnlib's zeros for blocked lines."""
-    assert not isinstance(outs, _Raised)
-    return outs["any"] if "any" in outs else outs["zeros"]
-
-
-def _blocked_lines(m: _Matcher) -> bool:
-    """Has the right layer a query with no allowed key on some probe (padded queries aside)?"""
-    for i, p in enumerate(m.probes):
-        outs = m.outputs(Recipe(), i)
-        if isinstance(outs, dict) and "any" not in outs:
-            lines = _rows(outs["NaN"].isnan().any(dim=-1), p)  # the queries that read nothing
-            if bool(lines.any()):
-                return True
-    return False
-
-
-def _padded_rows(m: _Matcher, yours: Sequence[Output]) -> str | None:
-    """What your module returns for padded queries: a key of :data:`PADDED_ROWS`,
-    ``"something else"``, or None when no probe has a padded query."""
-    both = dataclasses.replace(Recipe(), padding="keys and queries")
-    alive = list(PADDED_ROWS)
-    seen = False
-    for i, (p, y) in enumerate(zip(m.probes, yours)):
-        if p.rows is None or not isinstance(y, Tensor):
-            continue
-        seen = True
-        pad = ~p.rows  # (B, n_q): the padded queries
-        right, outs = m.outputs(Recipe(), i), m.outputs(both, i)
-        assert isinstance(right, dict) and isinstance(outs, dict)
-        candidates = {"the real keys": _zeros(right), "zero vectors": torch.zeros_like(y, dtype=torch.float64)}
-        candidates.update({c: outs.get(c, outs.get("any")) for c in CONVENTIONS})  # type: ignore[misc]
-        alive = [c for c in alive if relative_error(y[pad], candidates[c][pad]) <= m.rtol]
-    if not seen:
-        return None
-    return alive[0] if alive else "something else"
-
-
 def _search(
     forward: Forward, reference: MultiHeadAttention, form: _Form, seed: int,
     rtol: float | None, pairs: bool, dtype: torch.dtype | None, compute_dtype: torch.dtype | None,
@@ -436,8 +300,8 @@ def _search(
     rtol = tolerance(rtol, ref_dtype, out_dtype, reference, w64, probes, compute_dtype)
 
     # 2. the right layer in float64, checked against the reference's own forward
-    m = _Matcher(w64, probes, causal, padding, rtol)
-    right = [_zeros(m.outputs(Recipe(), i)) for i in range(len(probes))]
+    m = Matcher(w64, probes, causal, padding, rtol)
+    right = [right_output(m.outputs(Recipe(), i)) for i in range(len(probes))]
     for p, a, e in zip(probes, right, expected):
         if relative_error(e, a) > max(rtol, default_rtol(ref_dtype)):
             raise RuntimeError(
@@ -470,7 +334,7 @@ def _search(
     for p, e in zip(probes, m.errors(Recipe(), yours, convention)):
         errors[p.kind] = max(errors.get(p.kind, 0.0), e)
     max_error = max(errors.values())
-    raised = {p.kind: y.text for p, y in zip(probes, yours) if isinstance(y, _Raised)}
+    raised = {p.kind: y.text for p, y in zip(probes, yours) if isinstance(y, Raised)}
 
     # 3. the candidates, computed in float64 from the reference's weights
     undetectable = tuple(
@@ -485,12 +349,12 @@ def _search(
         notes.append(
             f"a step of your module seems to run in {inferred}: its outputs differ from the float64 reference by "
             f"more than float64's rounding, but within {inferred}'s, so it was compared at {inferred}'s "
-            f"tolerance ({_fmt(rtol)}). Hugging Face's OPT, CLIP, ViT and Llama layers take their softmax in "
+            f"tolerance ({fmt_error(rtol)}). Hugging Face's OPT, CLIP, ViT and Llama layers take their softmax in "
             f"float32; audit such a module in float32, or pass compute_dtype=torch.{inferred} to say so."
         )
     elif compute_dtype is not None and compute_dtype != out_dtype:
         name = str(compute_dtype).removeprefix("torch.")
-        notes.append(f"compute_dtype={name}: compared at {name}'s rounding, {_fmt(rtol)}")
+        notes.append(f"compute_dtype={name}: compared at {name}'s rounding, {fmt_error(rtol)}")
     untested = () if "mask" in modes else mask_bugs(modes | {"mask"})
     return AuditReport(
         ok=ok,
@@ -501,14 +365,14 @@ def _search(
         undetectable=undetectable,
         rtol=rtol,
         num_heads=reference.num_heads,
-        blocked_rows=convention if ok and _blocked_lines(m) else None,
+        blocked_rows=convention if ok and has_blocked_lines(m) else None,
         dtype=str(out_dtype).removeprefix("torch."),
         reference_dtype=str(ref_dtype).removeprefix("torch."),
         tie=tie,
         raised=MappingProxyType(raised),
         hint="" if ok or explanations else hint_for(errors, rtol, causal=causal),
         untested=untested,
-        padded_rows=_padded_rows(m, yours) if ok and padding and not cross else None,
+        padded_rows=padded_rows(m, yours) if ok and padding and not cross else None,
         compute_dtype=inferred or ("" if compute_dtype is None else str(compute_dtype).removeprefix("torch.")),
         notes=tuple(notes),
     )
