@@ -472,3 +472,18 @@ def test_the_landing_page_quick_start_prints_what_the_page_shows(capsys: pytest.
     torch.manual_seed(0)
     exec(compile(code, "intro.md", "exec"), {})
     assert capsys.readouterr().out == shown
+
+
+def test_features_no_reference_computes_are_refused_by_name() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers import Qwen3Config
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+    qwen3 = Qwen3Config(hidden_size=D, num_attention_heads=H, num_key_value_heads=2, intermediate_size=64,
+                        num_hidden_layers=1, head_dim=D // H)
+    with pytest.raises(ValueError, match="QK-norm"):
+        read_llama(Qwen3Attention(qwen3, layer_idx=0))
+    partial = LlamaConfig(hidden_size=D, num_attention_heads=H, intermediate_size=64, num_hidden_layers=1)
+    partial.rope_parameters = {**(partial.rope_parameters or {}), "partial_rotary_factor": 0.5}
+    with pytest.raises(ValueError, match="partial rotary"):
+        read_llama(LlamaAttention(partial, layer_idx=0))

@@ -52,7 +52,8 @@ def read_llama(
     Raises:
         TypeError: a projection missing or not an ``nn.Linear``.
         ValueError: a submodule, parameter or buffer other than the four projections
-            (e.g. ``Qwen3Attention``'s ``q_norm`` and ``k_norm``), which would be dropped.
+            (e.g. ``Qwen3Attention``'s ``q_norm`` and ``k_norm``: QK-norm), which would be
+            dropped; partial rotary (``partial_rotary_factor`` below 1).
         ValueError: ``num_heads`` missing (no config) or disagreeing with the config; a
             RoPE type other than ``"default"`` (scaled frequencies); ``attention_dropout > 0``;
             shapes that do not fit (``head_dim`` may be any width: ``q_proj`` is
@@ -75,9 +76,11 @@ def read_llama(
     extra += sorted(n for n, _ in attn.named_parameters(recurse=False))
     extra += sorted(n for n, _ in attn.named_buffers(recurse=False) if n not in freqs)
     if extra:  # e.g. Qwen3's q_norm, k_norm: they change the function, and would be dropped
+        qk_norm = " (QK-norm: q and k normalised per head, which no attnlib reference computes)" if {
+            "q_norm", "k_norm"} & set(extra) else ""
         raise ValueError(
             f"attn ({type(attn).__name__}) has {', '.join(extra)} besides q_proj, k_proj, v_proj, "
-            f"o_proj; read_llama maps those four only and would silently drop the rest"
+            f"o_proj{qk_norm}; read_llama maps those four only and would silently drop the rest"
         )
     if num_heads is not None:
         check_positive_int("num_heads", num_heads)
@@ -91,6 +94,12 @@ def read_llama(
         if rope.get("rope_type", "default") != "default":
             raise ValueError(
                 f"rope_type {rope.get('rope_type')!r} rescales RoPE's frequencies; attnlib has the default RoPE only"
+            )
+        partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+        if partial is not None and float(partial) != 1.0:
+            raise ValueError(
+                f"partial rotary (partial_rotary_factor={partial}): RoPE turns part of each head only, "
+                f"which no attnlib reference computes (DecoderAttention rotates all of d_k)"
             )
         theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
         if rope_base is not None and theta is not None and float(rope_base) != float(theta):
