@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from attnlib import MultiHeadAttention
 from attnlib.audit import assert_attention_matches, assert_cache_matches, diagnose, diagnose_cache
-from attnlib.decoding import AlibiAttention
+from attnlib.decoding import AlibiAttention, DecoderAttention
 from attnlib.interop import (
     read_bert, read_bloom, read_conv1d, read_linear_heads, read_llama, read_packed_linear, read_separate_linear,
 )
@@ -152,7 +152,7 @@ def rotary_layer(kind: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Modu
     torch.manual_seed(0)
     layer = cls(config, layer_idx=0).eval().to(dtype)
     randomize_biases(layer)  # Qwen2's q, k, v have biases
-    return layer, rot(config), MultiHeadAttention.from_grouped_weights(read_llama(layer))
+    return layer, rot(config), DecoderAttention.from_grouped_weights(read_llama(layer))
 
 
 def llama_forward(layer: nn.Module, rotary: nn.Module) -> Callable[[Tensor, Tensor | None], Tensor]:
@@ -249,8 +249,7 @@ def test_bloom_attention_against_an_alibi_reference() -> None:
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     bloom = BloomAttention(config, layer_idx=0).eval()
-    ref = AlibiAttention(D, H)
-    ref.load_state_dict(MultiHeadAttention.from_weights(read_bloom(bloom), H).state_dict())
+    ref = AlibiAttention.from_weights(read_bloom(bloom), H)
 
     def forward(x: Tensor, mask: Tensor | None) -> Tensor:  # causal=True
         B, n, _ = x.shape
