@@ -15,7 +15,7 @@ Two kinds of module:
 repository, change                          the bug, as named
 =========================================  ===========================================
 karpathy/ng-video-lecture, PR 6             ``C**-0.5`` (C = n_embd): ``scale_by_d_model``
-lucidrains/vit-pytorch, issue 65            ``dim ** -0.5``: ``scale_by_d_model``
+lucidrains/vit-pytorch, issue 65            ``dim ** -0.5`` (``dim_head = 64``): ``scale_by_d_model``
   (fixed in 85314cf)                        (``takes_mask=False``: no mask bug named)
 lucidrains/vit-pytorch at 3f2cbc6           masks padded keys *and* queries: right; its
                                             padded rows are a convention
@@ -343,14 +343,14 @@ class VitAttention2021(nn.Module):
 
 def test_vit_pytorch_issue_65_is_named_without_a_mask_bug() -> None:
     torch.manual_seed(0)
-    module = VitAttention2021(D, H, D // H, bug="dim").eval()
+    module = VitAttention2021(D, H, 64, bug="dim").eval()  # dim_head = 64, its default: h*d_k != dim
     report = diagnose(lambda x: module(x), module.reference(), takes_mask=False)
     assert report.bugs == ("scale_by_d_model",), str(report)
 
 
 def test_vit_pytorch_3f2cbc6_padding_passes_with_padded_rows_a_convention() -> None:
     torch.manual_seed(0)
-    module = VitAttention2021(D, H, D // H).eval()
+    module = VitAttention2021(D, H, 64).eval()
     # the module prepends a real class token; the probes' key 0 is always real (right padding)
     forward = lambda x, pad: module(x, pad[:, 1:])  # noqa: E731
     report = assert_attention_matches(forward, module.reference(), padding=True)
@@ -488,3 +488,44 @@ def test_features_no_reference_computes_are_refused_by_name() -> None:
     partial.rope_parameters = {**(partial.rope_parameters or {}), "partial_rotary_factor": 0.5}
     with pytest.raises(ValueError, match="partial rotary"):
         read_llama(LlamaAttention(partial, layer_idx=0))
+
+
+@pytest.mark.parametrize("head_dim", [16, 4])
+def test_heads_of_any_width_are_referenced(head_dim: int) -> None:
+    """Llama's own head_dim (h * head_dim != hidden) with its cache; ViT's head_dim likewise."""
+    config = LlamaConfig(hidden_size=D, num_attention_heads=H, num_key_value_heads=2, intermediate_size=64,
+                         num_hidden_layers=1, rope_theta=100.0, head_dim=head_dim)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    layer, rotary = LlamaAttention(config, layer_idx=0).eval(), LlamaRotaryEmbedding(config)
+    ref = DecoderAttention.from_grouped_weights(read_llama(layer))
+    assert ref.d_k == head_dim and ref.d_model == D
+    forward = llama_forward(layer, rotary)
+    assert_attention_matches(forward, ref, causal=True)
+
+    def step(x: Tensor, cache: DynamicCache | None) -> tuple[Tensor, DynamicCache]:
+        cache = DynamicCache() if cache is None else cache
+        past, n = cache.get_seq_length(), x.shape[1]
+        out = layer(x, position_embeddings=rotary(x, torch.arange(past, past + n)[None]),
+                    attention_mask=additive(causal(n, past + n), x.dtype), past_key_values=cache)
+        return out[0], cache
+
+    assert_cache_matches(step, ref)
+    vit_config = ViTConfig(hidden_size=D, num_attention_heads=H, intermediate_size=64, num_hidden_layers=1)
+    vit_config.head_dim = head_dim
+    vit_config._attn_implementation = "eager"
+    vit = ViTAttention(vit_config).eval()
+    vit_ref = MultiHeadAttention.from_weights(
+        read_separate_linear(*(pair(lin) for lin in (vit.q_proj, vit.k_proj, vit.v_proj, vit.o_proj))), H)
+    assert vit_ref.d_k == head_dim
+    assert_attention_matches(lambda x: vit(x)[0], vit_ref, takes_mask=False)
+    bug = diagnose(lambda x: _scaled_by_width(vit, x), vit_ref, takes_mask=False)
+    assert bug.bugs == ("scale_by_d_model",), str(bug)
+
+
+def _scaled_by_width(vit: nn.Module, x: Tensor) -> Tensor:
+    """ViTAttention's computation with the scores divided by sqrt(hidden) (vit-pytorch's issue 65)."""
+    b, n, _ = x.shape
+    q, k, v = (lin(x).view(b, n, H, -1).transpose(1, 2) for lin in (vit.q_proj, vit.k_proj, vit.v_proj))
+    weights = (q @ k.transpose(-2, -1) / math.sqrt(x.shape[-1])).softmax(dim=-1)
+    return vit.o_proj((weights @ v).transpose(1, 2).reshape(b, n, -1))

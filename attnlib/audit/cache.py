@@ -335,7 +335,7 @@ def diagnose_cache(
         ok=ok, bugs=names, explanations=explanations, max_error=max(errors.values()),
         errors=MappingProxyType(errors), undetectable=undetectable, rtol=rtol, num_heads=reference.num_heads,
         dtype=str(yours[0].dtype).removeprefix("torch."), reference_dtype=str(ref_dtype).removeprefix("torch."),
-        tie=tie_reason(frozenset(names), reference.num_heads, reference.d_k) if len(explanations) > 1 else "",
+        tie=tie_reason(frozenset(names), reference.num_heads, reference.d_k, reference.d_model) if len(explanations) > 1 else "",
         raised=MappingProxyType(raised),
         hint="" if ok or explanations else hint_for(errors, rtol)
         + " If the full pass is wrong too, check it first with diagnose(..., causal=True).",

@@ -357,20 +357,24 @@ other call forms add the pairs of their own bugs."""
 
 # ---- ties: why two bugs give the same numbers, and which sizes separate them ------------
 
-_TIES: tuple[tuple[frozenset[str], Callable[[int, int], bool], str], ...] = (
-    (frozenset({"scale_by_d_model", "double_scale"}), lambda h, d_k: h == d_k,
-     "√d_model = √(h·d_k) equals d_k when h = d_k; any reference with h ≠ d_k separates them"),
+_TIES: tuple[tuple[frozenset[str], Callable[[int, int, int], bool], str], ...] = (
+    (frozenset({"scale_by_d_model", "double_scale"}), lambda h, d_k, d_model: d_model == d_k * d_k,
+     "√d_model equals d_k when d_model = d_k², which for d_model = h·d_k means h = d_k; any reference "
+     "with h ≠ d_k (and d_model ≠ d_k²) separates them"),
 )
 """Known ties: two bugs that compute the same numbers for some sizes ``(h, d_k)``, and why.
 (A bug that computes the right numbers for some sizes, ``scale_by_d_model`` with one head, is
 no tie: the report lists it as undetectable.)"""
 
 
-def tie_reason(names: frozenset[str], h: int, d_k: int) -> str:
-    """Why the explanations ``names`` give the same outputs here, and what would separate them."""
+def tie_reason(names: frozenset[str], h: int, d_k: int, d_model: int | None = None) -> str:
+    """Why the explanations ``names`` give the same outputs here, and what would separate them
+    (``d_model``: default ``h * d_k``)."""
+    d = h * d_k if d_model is None else d_model
     for pair, condition, reason in _TIES:
-        if pair <= names and condition(h, d_k):
-            return f"{' and '.join(sorted(pair))}: {reason} (here h = {h}, d_k = {d_k})"
+        if pair <= names and condition(h, d_k, d):
+            sizes = f"h = {h}, d_k = {d_k}" + ("" if d == h * d_k else f", d_model = {d}")
+            return f"{' and '.join(sorted(pair))}: {reason} (here {sizes})"
     return (
         "for these weights and probes they compute the same outputs; a reference with other "
         "random weights (another seed) or other sizes (h, d_k) may separate them"

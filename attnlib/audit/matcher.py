@@ -56,8 +56,11 @@ class Matcher:
         if key not in self.cache:
             p = self.probes[i]
             try:
-                self.cache[key] = run_recipe(r, self.w64, p.x, p.keys, p.mask,
-                                             causal=self.causal, padding=self.padding)
+                outs = run_recipe(r, self.w64, p.x, p.keys, p.mask, causal=self.causal, padding=self.padding)
+                shape = next(iter(outs.values())).shape
+                if shape != p.x.shape:  # e.g. no W^O with h*d_k != d_model: diagnose refuses that shape
+                    raise ValueError(f"returns shape {tuple(shape)}, not {tuple(p.x.shape)}")
+                self.cache[key] = outs
             except (RuntimeError, ValueError, IndexError) as err:  # the buggy code cannot run here
                 self.cache[key] = Raised(err)
         return self.cache[key]

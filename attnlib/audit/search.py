@@ -343,7 +343,7 @@ def _search(
     names = tuple(dict.fromkeys(itertools.chain.from_iterable(explanations)))
     tie = ""
     if len(explanations) > 1:
-        tie = tie_reason(frozenset(names), reference.num_heads, reference.d_k)
+        tie = tie_reason(frozenset(names), reference.num_heads, reference.d_k, reference.d_model)
     notes = []
     if inferred:
         notes.append(
