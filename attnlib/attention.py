@@ -202,10 +202,10 @@ def causal_mask(n_q: int, n_k: int | None = None, *, device: torch.device | str 
     Raises:
         ValueError: ``n_q`` not a positive int, or ``n_k`` not an int ``>= n_q``.
     """
-    check_width(n_q, "n_q")
+    check_width("n_q", n_q)
     if n_k is None:
         n_k = n_q
-    check_width(n_k, "n_k")
+    check_width("n_k", n_k)
     if n_k < n_q:
         raise ValueError(f"n_k ({n_k}) must be >= n_q ({n_q}): the queries are the last n_q of the n_k positions")
     q_pos = torch.arange(n_k - n_q, n_k, device=device)  # (n_q,) absolute positions

@@ -16,12 +16,15 @@ attnlib.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
 __all__ = [
     "format_shape",
     "check_tensor",
+    "check_dtype",
     "check_int",
     "check_positive_int",
     "check_width",
@@ -30,13 +33,14 @@ __all__ = [
     "check_mask",
     "check_head_mask",
     "check_attention_inputs",
+    "warn_dropout",
 ]
 
 
 def format_shape(t: Tensor | torch.Size | tuple[int, ...]) -> str:
-    """Format a shape as ``(2, 3, 4)`` (``(5,)`` for one dimension) for error messages."""
-    dims = tuple(t.shape) if isinstance(t, Tensor) else tuple(t)
-    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+    """A shape as Python writes a tuple, ``(2, 3, 4)`` (``(5,)`` for one dimension), for error
+    messages: ``torch.Size`` itself prints as ``torch.Size([2, 3, 4])``."""
+    return str(tuple(t.shape if isinstance(t, Tensor) else t))
 
 
 def check_tensor(name: str, t: object) -> Tensor:
@@ -44,6 +48,13 @@ def check_tensor(name: str, t: object) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     return t
+
+
+def check_dtype(name: str, value: object) -> torch.dtype:
+    """``value`` itself if it is a ``torch.dtype``; ``TypeError`` naming ``name`` otherwise."""
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__} {value!r}")
+    return value
 
 
 def check_int(name: str, value: object, expected: str = "an int") -> int:
@@ -62,18 +73,17 @@ def check_positive_int(name: str, value: object) -> int:
     return n
 
 
-def check_width(value: object, name: str, *, even: bool = False, zero_ok: bool = False) -> int:
-    """``value`` if it is an int >= 1 (>= 0 with ``zero_ok``; even with ``even``):
-    ``TypeError`` for a non-int (``True`` included), ``ValueError`` for a wrong value."""
+def check_width(name: str, value: object, *, even: bool = False, zero_ok: bool = False, why: str = "") -> int:
+    """``value`` if it is an int >= 1 (>= 0 with ``zero_ok``; even with ``even``, ``why`` saying
+    why in the message): ``TypeError`` for a non-int (``True`` included), ``ValueError`` for a
+    wrong value. The argument order of :func:`check_positive_int`: the name, then the value."""
     if zero_ok and type(value) is int and value == 0:
         return 0
     if zero_ok and type(value) is int and value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value}")
     value = check_positive_int(name, value)
     if even and value % 2:
-        raise ValueError(
-            f"{name} must be even for RoPE (dimension j is paired with j + {name}/2), got {value}"
-        )
+        raise ValueError(f"{name} must be even, got {value}" + (f": {why}" if why else ""))
     return value
 
 
@@ -173,3 +183,17 @@ def check_attention_inputs(
     if mask is not None:
         b, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
         check_head_mask(mask, torch.Size([b, num_heads, n_q, n_k]))
+
+
+def warn_dropout(name: str, p: float, training: bool) -> None:
+    """The readers' one rule for a layer's dropout, which attnlib does not have: the weights
+    read compute the layer's eval-mode function. A layer in training mode with ``p > 0``
+    computes a random one now, so a ``UserWarning`` (naming ``name=p``) says so; in eval mode
+    its dropout is off and nothing is lost, so nothing is said."""
+    if training and p > 0:
+        warnings.warn(
+            f"{name}={p} is not read: attnlib has no dropout, so the weights compute this layer's "
+            f"function in eval mode only (call .eval() on the layer to compare the two)",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -189,11 +189,27 @@ class MultiHeadAttention(nn.Module):
 
     # ---- forward: project, split, attend, merge, project --------------------------
     def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, need_weights: bool = True
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = True,
+        *,
+        cache: None = None,
     ) -> tuple[Tensor, Tensor | None]:
         r""":math:`\mathrm{Concat}(\mathrm{head}_0, \dots, \mathrm{head}_{h-1})\, W^O`, all heads at once,
         :math:`\mathrm{head}_i = \mathrm{softmax}(q_i k_i^\top / \sqrt{d_k})\, v_i`. Shapes: see the class.
+
+        ``cache``: this layer keeps no KV cache; one passed here is refused (``TypeError``)
+        with where the cache is: chapter 8's decoder layer, which takes one.
         """
+        if cache is not None:
+            raise TypeError(
+                f"{type(self).__name__} keeps no KV cache (cache={type(cache).__name__}): the plain layer "
+                f"attends over the keys it is given; a cache is attnlib.DecoderAttention's (chapter 8), "
+                f"built as DecoderAttention.from_projections(layer.projections(), layer.num_heads)"
+            )
         check_attention_inputs(query, key, value, mask, self.d_model, self.num_heads)
         # project: one product per role, then a view hands each head its d_k columns
         q = self._split_heads(self._project(query, self.w_q, self.b_q))  # (B, h, n_q, d_k)
@@ -249,9 +265,10 @@ class MultiHeadAttention(nn.Module):
         )
 
     @classmethod
-    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> Self:
-        """A module holding copies of ``weights`` (paper orientation), with ``num_heads`` heads
-        of width ``d_k = weights.heads_width / num_heads``.
+    def from_projections(cls, weights: AttentionWeights, num_heads: int) -> Self:
+        """A module holding copies of the projections ``weights`` (paper orientation, what
+        :meth:`projections` returns), with ``num_heads`` heads of width
+        ``d_k = weights.heads_width / num_heads``.
 
         Raises:
             TypeError: ``weights`` is not an :class:`~attnlib.AttentionWeights`, or is the
@@ -267,6 +284,12 @@ class MultiHeadAttention(nn.Module):
                     dtype=weights.w_q.dtype)
         layer.load_state_dict(record_tensors(weights))  # copies, checked against the shapes
         return layer
+
+    @classmethod
+    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> Self:
+        """:meth:`from_projections`, by its name from before the rename (the book's chapters and
+        other code call it): "weights" alone means the softmax map in the book."""
+        return cls.from_projections(weights, num_heads)
 
     @classmethod
     def from_torch(cls, m: nn.MultiheadAttention) -> Self:
@@ -287,7 +310,7 @@ class MultiHeadAttention(nn.Module):
                 f"read_packed_linear for one packed q/k/v layer (nanoGPT's c_attn), read_conv1d for GPT-2, "
                 f"read_linear_heads for a list of heads, read_llama for Llama-style layers (chapter 9)"
             )
-        return cls.from_weights(read_torch_mha(m), m.num_heads)
+        return cls.from_projections(read_torch_mha(m), m.num_heads)
 
     def to_torch(self) -> nn.MultiheadAttention:
         """A ``torch.nn.MultiheadAttention(batch_first=True)`` computing the same function,

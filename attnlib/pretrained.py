@@ -140,7 +140,7 @@ def minilm_attention(layer: int) -> MultiHeadAttention:
         v=pair("self.value"),
         o=pair("output.dense"),
     )
-    return MultiHeadAttention.from_weights(weights, MINILM_NUM_HEADS).eval()
+    return MultiHeadAttention.from_projections(weights, MINILM_NUM_HEADS).eval()
 
 
 def minilm_tokenizer() -> "Tokenizer":

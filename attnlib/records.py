@@ -4,7 +4,7 @@
 
 A record holds the four projections of a layer in paper orientation (each used as
 ``x @ W``), as copies: what ``MultiHeadAttention.projections()`` returns, what
-``MultiHeadAttention.from_weights`` builds a layer from, and what every reader and
+``MultiHeadAttention.from_projections`` builds a layer from, and what every reader and
 writer of :mod:`attnlib.interop` converts. Chapter 8's records
 (:class:`~attnlib.decoding.GroupedAttentionWeights`, and the ALiBi record
 :class:`~attnlib.decoding.AlibiWeights`) build on it.
@@ -41,7 +41,7 @@ class AttentionWeights:
     ``None``. ``h*d_k`` (:attr:`heads_width`) is ``d_model`` in the paper, and may be any width
     (Llama's ``head_dim``, T5's ``d_kv``); ``d_v = d_k``. Head ``i`` owns columns
     ``i*d_k:(i+1)*d_k`` of ``w_q, w_k, w_v`` and rows ``i*d_v:(i+1)*d_v`` of ``w_o``: the
-    record does not know ``h``, the layer built from it does (``from_weights(w, num_heads)``).
+    record does not know ``h``, the layer built from it does (``from_projections(w, num_heads)``).
     :attr:`biases` gives the four biases together (or ``None``).
 
     The record holds weights only: everything the plain layer of chapters 2-5 needs.
@@ -106,7 +106,7 @@ class AttentionWeights:
     def as_plain(self) -> AttentionWeights:
         """The record as the plain layer's weights: itself. A subclass whose layer adds
         something that is not a weight raises instead, naming it (``TypeError``), so that
-        a tool for the plain layer (``MultiHeadAttention.from_weights``, the writers of
+        a tool for the plain layer (``MultiHeadAttention.from_projections``, the writers of
         :mod:`attnlib.interop`) never drops it silently."""
         return self
 

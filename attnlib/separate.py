@@ -118,7 +118,7 @@ class SeparateHeadsAttention(nn.Module):
             b_v=None if self.b_v is None else cat(self.b_v),
             b_o=None if self.b_o is None else self.b_o.detach(),
         )
-        return MultiHeadAttention.from_weights(weights, self.num_heads)
+        return MultiHeadAttention.from_projections(weights, self.num_heads)
 
     def forward(
         self,

@@ -13,7 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnlib import FactoredMatrix, MultiHeadAttention, SeparateHeadsAttention, attention
-from attnlib.checks import check_heads, check_index, check_mask, check_positive_int, check_tensor, format_shape
+from attnlib.checks import (
+    check_dtype,
+    check_heads,
+    check_index,
+    check_mask,
+    check_positive_int,
+    check_tensor,
+    check_width,
+    format_shape,
+)
 from attnlib.records import AttentionWeights, Biases, pack_qkv, split_qkv
 from attnlib.lowrank import qk_circuit
 from strategies import examples
@@ -39,6 +48,26 @@ def test_positive_int_accepts(value: int) -> None:
 def test_positive_int_rejects(value: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="n must be a positive int, got"):
         check_positive_int("n", value)
+
+
+def test_width_takes_the_name_first_and_says_why_it_must_be_even() -> None:
+    """check_width took (value, name), the reverse of check_positive_int, and said "RoPE" for any
+    even width (sinusoidal encodings too); its message came out garbled from apply_rope."""
+    assert check_width("d_k", 4, even=True) == 4 and check_width("d_r", 0, zero_ok=True) == 0
+    with pytest.raises(TypeError, match="d_k must be a positive int, got str 'x'"):
+        check_width("d_k", "x")
+    with pytest.raises(ValueError, match=r"^d_model must be even, got 5$"):
+        check_width("d_model", 5, even=True)
+    with pytest.raises(ValueError, match=r"^d_model must be even, got 5: sin and cos pair dimensions$"):
+        check_width("d_model", 5, even=True, why="sin and cos pair dimensions")
+    with pytest.raises(ValueError, match="d_r must be a non-negative int, got -1"):
+        check_width("d_r", -1, zero_ok=True)
+
+
+def test_dtype() -> None:
+    assert check_dtype("dtype", torch.float16) is torch.float16
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str 'float32'"):
+        check_dtype("dtype", "float32")
 
 
 def test_index() -> None:

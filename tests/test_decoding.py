@@ -16,7 +16,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnlib import LatentAttention, LatentCache
+from attnlib import LatentAttention, LatentCache, assert_rounding_close
 from attnlib.decoding import (
     KVCache,
     apply_rope,
@@ -91,7 +91,12 @@ def test_rope_keeps_dtype_and_default_positions() -> None:
     y = apply_rope(x)
     assert y.dtype == torch.float32
     torch.testing.assert_close(y[0], x[0], atol=0, rtol=0)  # position 0 turns nothing
-    torch.testing.assert_close(y, apply_rope(x, torch.arange(4)), atol=0, rtol=0)
+    # the default positions are 0..n-1: row p is x_p R_p, with R_p built apart (float64, rope_rotation);
+    # float32 rounds cos and sin once each and the pair's two products and their sum: eps32 x (2 + 2)
+    expected = torch.stack([x[p].double() @ rope_rotation(p, 6) for p in range(4)])  # (4, 6)
+    assert_rounding_close(y, expected, 2, 2, dtype=torch.float32)
+    with pytest.raises(AssertionError, match="more than rounding allows"):  # positions 1..n would not pass
+        assert_rounding_close(apply_rope(x, torch.arange(1, 5)), expected, 2, 2, dtype=torch.float32)
     torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))  # rotations keep lengths
     assert rope_rotation(1, 4, dtype=torch.float32).dtype == torch.float32
 
@@ -99,7 +104,7 @@ def test_rope_keeps_dtype_and_default_positions() -> None:
 @pytest.mark.parametrize(
     ("call", "exc", "match"),
     [
-        (lambda: rope_inv_freq(5), ValueError, "d_k must be even"),
+        (lambda: rope_inv_freq(5), ValueError, r"^d_k must be even, got 5: RoPE pairs dimension l with l \+ d_k/2$"),
         (lambda: rope_inv_freq(0), ValueError, "d_k must be a positive int"),
         (lambda: rope_inv_freq(True), TypeError, "d_k must be a positive int, got bool True"),
         (lambda: rope_inv_freq(4, base=1.0), ValueError, "base"),
@@ -109,7 +114,8 @@ def test_rope_keeps_dtype_and_default_positions() -> None:
         (lambda: apply_rope([[1.0, 2.0]]), TypeError, "x must be a torch.Tensor"),
         (lambda: apply_rope(torch.ones(4)), ValueError, r"x must be a floating-point tensor of shape \(\.\.\., n, d_k\)"),
         (lambda: apply_rope(torch.ones(2, 4, dtype=torch.long)), ValueError, "floating-point"),
-        (lambda: apply_rope(torch.ones(2, 3)), ValueError, "must be even"),
+        (lambda: apply_rope(torch.ones(2, 3)), ValueError,
+         r"^d_k \(the last dimension of x\) must be even, got 3: RoPE pairs dimension l with l \+ d_k/2$"),
         (lambda: apply_rope(torch.ones(2, 4), torch.arange(3)), ValueError, r"positions of shape \(3,\)"),
         (lambda: apply_rope(torch.ones(2, 4), [0, 1]), TypeError, "positions must be a torch.Tensor or None"),
         (lambda: rope_rotation(True, 4), TypeError, "position must be an int or float"),
@@ -473,7 +479,7 @@ def test_mla_cached_decoding_under_autocast(absorb: bool, need_weights: bool) ->
 @pytest.mark.parametrize(
     ("args", "kw", "match"),
     [
-        ((12, 3, 5, 3), {}, "d_r must be even"),
+        ((12, 3, 5, 3), {}, r"^d_r must be even, got 3: RoPE pairs dimension l with l \+ d_r/2$"),
         ((12, 3, 0, 2), {}, "d_c must be a positive int"),
         ((12, 5, 4, 2), {}, r"d_model \(12\) must be divisible by num_heads \(5\)"),
         ((12, 0, 4, 2), {}, "num_heads must be a positive int"),

@@ -235,6 +235,25 @@ def test_composition_scores_match_the_circuits() -> None:
         assert_rounding_close(got, want, 8, 8)
 
 
+def test_a_zero_head_composes_with_nothing() -> None:
+    """A pruned head (W^OV = 0) made the ratio 0/0 = nan; its score is 0 (and its ceiling), in
+    every kind, while the other heads' scores are unchanged."""
+    runs = small_runs([3])
+    l0, l1 = runs.layer(0, 0), runs.layer(0, 1)
+    before = {kind: composition_scores(l0, l1, kind) for kind in ("Q", "K", "V")}
+    with torch.no_grad():
+        l0.w_v[:, : l0.d_k] = 0.0  # head 0 of layer 0 writes nothing
+        l1.w_q[:, : l1.d_k] = 0.0  # head 0 of layer 1 reads nothing through its queries
+    for kind in ("Q", "K", "V"):
+        after = composition_scores(l0, l1, kind)
+        assert not after.isnan().any() and (after[0] == 0).all(), kind
+        torch.testing.assert_close(after[1:, 1:], before[kind][1:, 1:])
+    assert (composition_scores(l0, l1, "Q")[:, 0] == 0).all()
+    gen = torch.Generator().manual_seed(0)
+    zero = FactoredMatrix(torch.zeros(4, 2, dtype=torch.float64), torch.zeros(2, 4, dtype=torch.float64))
+    assert composition_score(zero, fm(gen, 4, 2, 4)) == 0 and composition_ceiling(fm(gen, 4, 2, 4), zero) == 0
+
+
 def test_composition_input_errors() -> None:
     gen = torch.Generator().manual_seed(0)
     runs = small_runs([0])

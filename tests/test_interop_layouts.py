@@ -141,7 +141,7 @@ def test_packed_linear_computes_attnlib_function(dh: tuple[int, int], bias: bool
     layers = {k: lin.double() for k, lin in write_packed_linear(w).items()}
     with torch.no_grad():
         theirs = packed_forward(layers["c_attn"], layers["c_proj"], x, h)
-        ours, _ = MultiHeadAttention.from_weights(w, h)(x, x, x, mask=causal(n))
+        ours, _ = MultiHeadAttention.from_projections(w, h)(x, x, x, mask=causal(n))
     torch.testing.assert_close(ours, theirs)
 
 
@@ -154,7 +154,7 @@ def test_conv1d_layout_computes_attnlib_function(dh: tuple[int, int], bias: bool
     t = write_conv1d(w)
     with torch.no_grad():
         theirs = packed_forward(Conv1DLike(*t["c_attn"]), Conv1DLike(*t["c_proj"]), x, h)
-        ours, _ = MultiHeadAttention.from_weights(w, h)(x, x, x, mask=causal(n))
+        ours, _ = MultiHeadAttention.from_projections(w, h)(x, x, x, mask=causal(n))
     torch.testing.assert_close(ours, theirs)
 
 
@@ -173,7 +173,7 @@ def test_conv1d_layout_matches_transformers_conv1d() -> None:
             conv.bias.copy_(bias)  # type: ignore[arg-type]
         x = torch.randn(3, n, d, dtype=torch.float64)
         theirs = packed_forward(c_attn, c_proj, x, h)
-        ours, _ = MultiHeadAttention.from_weights(w, h)(x, x, x, mask=causal(n))
+        ours, _ = MultiHeadAttention.from_projections(w, h)(x, x, x, mask=causal(n))
         torch.testing.assert_close(ours, theirs)
         # and reading transformers' tensors back gives the weights we started from
         assert_same_weights(read_conv1d((c_attn.weight, c_attn.bias), (c_proj.weight, c_proj.bias)), w)
@@ -188,7 +188,7 @@ def test_every_layout_computes_the_same_outputs(dhw: tuple[int, int, int], bias:
     w = random_weights(d, bias, seed, heads_width=hd)
     x = torch.randn(2, 4, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        ours, _ = MultiHeadAttention.from_weights(w, h)(x, x, x, mask=causal(4))
+        ours, _ = MultiHeadAttention.from_projections(w, h)(x, x, x, mask=causal(4))
         others = []
         if hd == d:
             torch_mha = write_torch_mha(w, h, batch_first=True)

@@ -8,6 +8,8 @@ under a causal mask, in one pass and by cached decoding.
 
 from __future__ import annotations
 
+import warnings
+
 from types import ModuleType
 
 import pytest
@@ -65,7 +67,7 @@ def test_llama_attention_outputs_and_weights_reproduced(kw: dict[str, object]) -
     attn = _llama(config)
     x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(1))
     out_hf, w_hf = _llama_causal(attn, config, x)
-    ours = DecoderAttention.from_grouped_weights(read_llama(attn))
+    ours = DecoderAttention.from_grouped_projections(read_llama(attn))
     assert ours.num_kv_heads == config.num_key_value_heads and ours.rope_base == 1000.0
     with torch.no_grad():
         out, w = ours(x, x, x, mask=causal_mask(7))
@@ -79,7 +81,7 @@ def test_llama_attention_reproduced_by_cached_decoding() -> None:
     attn = _llama(config, seed=3)
     x = torch.randn(1, 6, 32, generator=torch.Generator().manual_seed(2))
     out_hf, _ = _llama_causal(attn, config, x)
-    ours = DecoderAttention.from_grouped_weights(read_llama(attn))
+    ours = DecoderAttention.from_grouped_projections(read_llama(attn))
     cache = KVCache()
     with torch.no_grad():
         outs = [ours(x[:, :3], x[:, :3], x[:, :3], cache=cache)[0]]
@@ -147,8 +149,12 @@ def test_read_llama_errors() -> None:
         read_llama(attn, rope_base=10.0)
     with pytest.raises(ValueError, match="rope_type 'linear'"):
         read_llama(_llama(_config(rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0})))
-    with pytest.raises(ValueError, match="attention_dropout=0.1 > 0"):
-        read_llama(_llama(_config(attention_dropout=0.1)))
+    dropping = _llama(_config(attention_dropout=0.1))  # in eval mode: its dropout is off
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_llama(dropping)
+    with pytest.warns(UserWarning, match=r"attention_dropout=0.1 is not read: attnlib has no dropout"):
+        read_llama(dropping.train())
     attn = _llama(_config())
     attn.config.num_key_value_heads = 1
     with pytest.raises(ValueError, match="config.num_key_value_heads = 1"):

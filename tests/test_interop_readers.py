@@ -45,7 +45,7 @@ def test_partial_biases_read_as_zeros_in_separate_linear() -> None:
     assert w.b_q is not None and not w.b_q.any() and not w.b_k.any() and not w.b_v.any()  # type: ignore[union-attr]
     assert torch.equal(w.b_o, o.bias.detach())  # type: ignore[arg-type]
     x = torch.randn(2, 5, 8)
-    mha = MultiHeadAttention.from_weights(w, 2)
+    mha = MultiHeadAttention.from_projections(w, 2)
     heads = lambda t: t.view(2, 5, 2, 4).transpose(1, 2)  # noqa: E731
     expected = o(F.scaled_dot_product_attention(heads(q(x)), heads(k(x)), heads(v(x))).transpose(1, 2).reshape(2, 5, 8))
     torch.testing.assert_close(mha(x, x, x)[0], expected)
@@ -73,7 +73,7 @@ def test_linear_heads_round_trip_and_compute_the_wrapper() -> None:
     for h in heads:
         q, k, v = h["q"](x), h["k"](x), h["v"](x)
         outs.append(torch.softmax(q @ k.transpose(1, 2) / math.sqrt(4), dim=-1) @ v)
-    torch.testing.assert_close(MultiHeadAttention.from_weights(back, 2)(x, x, x)[0], o(torch.cat(outs, dim=-1)))
+    torch.testing.assert_close(MultiHeadAttention.from_projections(back, 2)(x, x, x)[0], o(torch.cat(outs, dim=-1)))
 
 
 def test_linear_heads_without_output_projection_and_without_bias() -> None:
@@ -115,7 +115,7 @@ def test_bert_round_trip_and_transformers_layer() -> None:
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     with torch.no_grad():
         expected = layer.output.dense(layer.self(x)[0])
-    torch.testing.assert_close(MultiHeadAttention.from_weights(read_bert(layer.self, layer.output), 2)(x, x, x)[0], expected)
+    torch.testing.assert_close(MultiHeadAttention.from_projections(read_bert(layer.self, layer.output), 2)(x, x, x)[0], expected)
 
 
 def test_bert_reader_errors() -> None:

@@ -6,6 +6,8 @@ layout read back computes the same function as the module it was read from.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from hypothesis import given
@@ -46,7 +48,7 @@ def test_torch_mha_round_trip(dh: tuple[int, int], bias: bool, batch_first: bool
     xt, yt = (x, y) if batch_first else (x.transpose(0, 1), y.transpose(0, 1))
     out_t, _ = m(xt, yt, yt, need_weights=False)
     out_t = out_t if batch_first else out_t.transpose(0, 1)
-    out_a, _ = MultiHeadAttention.from_weights(w, h)(x, y, y)
+    out_a, _ = MultiHeadAttention.from_projections(w, h)(x, y, y)
     torch.testing.assert_close(out_a, out_t, **TOL)
 
 
@@ -74,7 +76,7 @@ def test_separate_linear_round_trip(dh: tuple[int, int], bias: bool, seed: int, 
 
     heads, _ = attention(split(layers["q"](x)), split(layers["k"](x)), split(layers["v"](x)))  # (B, h, n, d_v)
     out = layers["o"](heads.transpose(1, 2).reshape(2, 4, h * d_k))  # (B, n, d_model)
-    torch.testing.assert_close(out, MultiHeadAttention.from_weights(w, h)(x, x, x)[0], **TOL)
+    torch.testing.assert_close(out, MultiHeadAttention.from_projections(w, h)(x, x, x)[0], **TOL)
 
 
 def test_read_copies_not_views() -> None:
@@ -140,10 +142,16 @@ def test_error_separate_linear_not_a_pair(q: object) -> None:
         read_separate_linear(q, sq, sq, sq)  # type: ignore[arg-type]
 
 
-def test_read_torch_mha_warns_about_dropout() -> None:
+def test_read_torch_mha_warns_about_dropout_in_training_mode_only() -> None:
+    """The readers' one rule (read_bloom and read_llama too): dropout is not read; a layer in
+    training mode is told so, a layer in eval mode (dropout off) is read silently."""
     m = nn.MultiheadAttention(4, 2, dropout=0.1)
     with pytest.warns(UserWarning, match=r"dropout=0.1 is not read: attnlib has no dropout"):
         w = read_torch_mha(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(read_torch_mha(m.eval()).w_q, w.w_q, atol=0, rtol=0)
+    m.train()
     with pytest.warns(UserWarning, match="dropout"):
         mha = MultiHeadAttention.from_torch(m)
     torch.testing.assert_close(mha.w_q.detach(), w.w_q)

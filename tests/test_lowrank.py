@@ -435,3 +435,22 @@ def test_factored_svd_has_the_sign_convention(fm: FactoredMatrix) -> None:
 def test_fix_signs_refuses_bad_shapes(u: object, vh: object, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         fix_signs(u, vh)  # type: ignore[arg-type]
+
+
+def test_a_factor_replaced_is_checked_like_a_new_one() -> None:
+    """fm.left = a tensor that does not fit was accepted, and svd() then failed deep inside; it is
+    checked against the other factor as the constructor checks it, and a fitting one is taken."""
+    g = torch.Generator().manual_seed(0)
+    fm = FactoredMatrix(torch.randn(4, 3, generator=g, dtype=F64), torch.randn(3, 5, generator=g, dtype=F64))
+    s_before = fm.singular_values
+    for name, bad, match in (("left", torch.randn(5, 2, dtype=F64), "must share the inner dimension r"),
+                             ("right", torch.randn(2, 5, dtype=F64), "must share the inner dimension r"),
+                             ("left", torch.randn(4, 3), "same dtype and device"),
+                             ("right", [[1.0]], "right must be a torch.Tensor")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            setattr(fm, name, bad)
+        assert fm.shape == (4, 5) and torch.equal(fm.singular_values, s_before)  # unchanged
+    new_left = torch.randn(6, 3, generator=g, dtype=F64)
+    fm.left = new_left  # fits: M is now (6, 5), and the cached SVD is not reused
+    assert fm.shape == (6, 5) and torch.equal(fm.left, new_left)
+    assert_close(fm.singular_values, torch.linalg.svdvals(new_left @ fm.right)[:3])  # rank <= r = 3

@@ -279,7 +279,7 @@ def test_from_torch_round_trip(h: int, d_k: int, bias: bool, batch_first: bool, 
 def test_separate_fused_and_weights_round_trips(case: Case) -> None:
     mha = case.mha
     back = SeparateHeadsAttention.from_fused(mha).to_fused()
-    again = MultiHeadAttention.from_weights(mha.projections(), mha.num_heads)
+    again = MultiHeadAttention.from_projections(mha.projections(), mha.num_heads)
     for n, p in mha.named_parameters():
         torch.testing.assert_close(getattr(back, n), p, atol=0, rtol=0)
         torch.testing.assert_close(getattr(again, n), p, atol=0, rtol=0)
@@ -289,7 +289,7 @@ def test_separate_fused_and_weights_round_trips(case: Case) -> None:
 def test_converted_modules_hold_copies() -> None:
     mha = MultiHeadAttention(6, 2, dtype=DTYPE)
     sep = SeparateHeadsAttention.from_fused(mha)
-    copy = MultiHeadAttention.from_weights(mha.projections(), 2)
+    copy = MultiHeadAttention.from_projections(mha.projections(), 2)
     before = mha.w_q.detach().clone()
     with torch.no_grad():
         sep.w_q[0].add_(1.0)
@@ -575,5 +575,26 @@ def test_heads_of_any_width_errors_and_torch() -> None:
         MultiHeadAttention(8, 2, d_k=6).to_torch()
     w = MultiHeadAttention(8, 2, d_k=6).projections()
     with pytest.raises(ValueError, match=r"num_heads \(5\) must divide the weights' h\*d_k = 12"):
-        MultiHeadAttention.from_weights(w, 5)
-    assert MultiHeadAttention.from_weights(w, 3).d_k == 4  # the same columns, cut into 3 heads
+        MultiHeadAttention.from_projections(w, 5)
+    assert MultiHeadAttention.from_projections(w, 3).d_k == 4  # the same columns, cut into 3 heads
+
+
+def test_the_names_from_before_the_projections_rename_are_the_same_methods() -> None:
+    """from_weights, grouped_weights and from_grouped_weights call the new names through the
+    class, so that a subclass's override (ALiBi's) is the one that runs."""
+    from attnlib.decoding import AlibiAttention, AlibiWeights, DecoderAttention
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2, dtype=DTYPE)
+    x = torch.randn(1, 3, 8, dtype=DTYPE)
+    torch.testing.assert_close(MultiHeadAttention.from_weights(mha.projections(), 2)(x, x, x)[0], mha(x, x, x)[0],
+                               atol=0, rtol=0)
+    dec = DecoderAttention(8, 4, num_kv_heads=2, rope_base=100.0, dtype=DTYPE)
+    again = DecoderAttention.from_grouped_weights(dec.grouped_weights())
+    assert type(again) is DecoderAttention and all(torch.equal(getattr(again, n), p) for n, p in dec.named_parameters())
+    al = AlibiAttention(8, 2, dtype=DTYPE)
+    assert isinstance(al.projections(), AlibiWeights)
+    torch.testing.assert_close(AlibiAttention.from_weights(al.projections(), 2)(x, x, x)[0], al(x, x, x)[0],
+                               atol=0, rtol=0)
+    with pytest.raises(TypeError, match="AlibiAttention has no grouped_projections"):
+        al.grouped_weights()

@@ -331,21 +331,21 @@ def test_rope_needs_an_even_head_width() -> None:
 
 def test_torch_conversions_read_the_plain_view() -> None:
     """to_torch writes a grouped layer out (its plain view); RoPE is refused by name. A grouped
-    or rotary layer's projections() would drop what it adds: refused, pointing to grouped_weights()."""
+    or rotary layer's projections() would drop what it adds: refused, pointing to grouped_projections()."""
     x = torch.randn(2, 5, 8, dtype=DTYPE)
     grouped = DecoderAttention(8, 4, num_kv_heads=2, dtype=DTYPE)
     torch.testing.assert_close(grouped.to_torch()(x, x, x, need_weights=False)[0], grouped(x, x, x)[0], **TOL)
     with pytest.raises(ValueError, match=r"to_torch: DecoderAttention with RoPE \(rope_base=10000\) has no plain view"):
         DecoderAttention(8, 4, rope_base=10000.0).to_torch()
     for layer in (grouped, DecoderAttention(8, 4, rope_base=10000.0)):
-        with pytest.raises(ValueError, match="projections.. is the plain layer's record.*use grouped_weights"):
+        with pytest.raises(ValueError, match="projections.. is the plain layer's record.*use grouped_projections"):
             layer.projections()
     m = nn.MultiheadAttention(8, 4, batch_first=True)
     assert type(DecoderAttention.from_torch(m)) is DecoderAttention
     with pytest.raises(TypeError, match="weights must be an attnlib.AttentionWeights, got GroupedAttentionWeights"):
-        MultiHeadAttention.from_weights(grouped.grouped_weights(), 4)  # type: ignore[arg-type]
+        MultiHeadAttention.from_projections(grouped.grouped_projections(), 4)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="GroupedAttentionWeights"):
-        DecoderAttention.from_grouped_weights(DecoderAttention(8, 4).projections())  # type: ignore[arg-type]
+        DecoderAttention.from_grouped_projections(DecoderAttention(8, 4).projections())  # type: ignore[arg-type]
 
 
 def test_separate_heads_read_the_plain_view() -> None:
@@ -373,9 +373,9 @@ def test_as_plain_of_a_grouped_layer_is_the_plain_class_with_the_groups_written_
     assert all(torch.equal(getattr(plain, n), getattr(expanded, n)) for n, _ in plain.named_parameters())
 
 
-def test_grouped_weights_round_trip() -> None:
+def test_grouped_projections_round_trip() -> None:
     mha = DecoderAttention(12, 6, num_kv_heads=3, rope_base=1000.0)
-    again = DecoderAttention.from_grouped_weights(mha.grouped_weights())
+    again = DecoderAttention.from_grouped_projections(mha.grouped_projections())
     assert (again.num_heads, again.num_kv_heads, again.rope_base) == (6, 3, 1000.0)
     for name, p in mha.named_parameters():
         torch.testing.assert_close(getattr(again, name), p, atol=0, rtol=0)
@@ -393,7 +393,7 @@ def test_the_decoder_layer_is_built_as_itself() -> None:
 def test_decoder_attention_without_options_equals_the_plain_layer() -> None:
     torch.manual_seed(0)
     plain = MultiHeadAttention(8, 2, dtype=DTYPE)
-    dec = DecoderAttention.from_weights(plain.projections(), 2)
+    dec = DecoderAttention.from_projections(plain.projections(), 2)
     x = torch.randn(2, 5, 8, dtype=DTYPE)
     mask = torch.rand(2, 1, 5, 5) > 0.3
     for need_weights in (True, False):
@@ -401,3 +401,19 @@ def test_decoder_attention_without_options_equals_the_plain_layer() -> None:
         out_p, w_p = plain(x, x, x, mask=mask, need_weights=need_weights)
         torch.testing.assert_close(out, out_p, atol=0, rtol=0)
         assert (w is None) == (w_p is None) and (w is None or torch.equal(w, w_p))
+
+
+def test_the_plain_layer_refuses_a_cache_and_says_where_one_goes() -> None:
+    """A KV cache handed to chapter 3's layer is refused, naming chapter 8's layer; built the way
+    the message says, that layer decodes with the cache to the plain layer's causal outputs."""
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(8, 2, dtype=DTYPE)
+    x = torch.randn(1, 4, 8, dtype=DTYPE)
+    with pytest.raises(TypeError, match=r"MultiHeadAttention keeps no KV cache \(cache=KVCache\).*"
+                                        r"DecoderAttention.from_projections\(layer.projections\(\), layer.num_heads\)"):
+        plain(x, x, x, cache=KVCache())  # type: ignore[arg-type]
+    decoder = DecoderAttention.from_projections(plain.projections(), plain.num_heads)
+    cache = KVCache()
+    steps = [decoder(x[:, :2], x[:, :2], x[:, :2], cache=cache)[0]]
+    steps += [decoder(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], cache=cache)[0] for t in (2, 3)]
+    torch.testing.assert_close(torch.cat(steps, 1), plain(x, x, x, mask=causal_mask(4))[0], **TOL)

@@ -1,4 +1,6 @@
-"""attnlib.plots: each helper draws labelled axes and rejects data of the wrong shape.
+"""attnlib.plots: each helper draws the data it is given, on labelled axes, and rejects data
+of the wrong shape. Each test reads the numbers back from what was drawn (the image's
+array, the lines' and bars' coordinates, the annotations) and compares them with its input.
 
 One section per chapter, in the order the book first uses each helper.
 """
@@ -16,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -48,7 +51,9 @@ def test_attention_map() -> None:
     ax = fig.axes[0]
     assert ax.get_xlabel().startswith("key") and ax.get_ylabel().startswith("query")
     assert [t.get_text() for t in ax.get_xticklabels()] == ["w", "x", "y", "z"]
-    assert len(ax.texts) == 12  # every cell annotated
+    np.testing.assert_array_equal(ax.images[0].get_array(), w.numpy())  # the weights drawn, row = query
+    # every cell annotated with its own weight, row by row
+    assert [t.get_text() for t in ax.texts] == [f"{v:.2f}" for v in w.flatten().tolist()]
     with pytest.raises(ValueError, match=r"weights must have shape \(n_q, n_k\), got \(2, 3, 4\)"):
         plots.attention_map(torch.rand(2, 3, 4))
 
@@ -56,9 +61,12 @@ def test_attention_map() -> None:
 # ---- chapters 2 and 3: where Q, K and V come from; many heads ----------------------
 
 def test_attention_maps() -> None:
-    fig = plots.attention_maps(torch.rand(5, 3, 3), labels=["a", "b", "c"], ncols=4)
-    titled = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titled == [f"head {i}" for i in range(5)]
+    w = torch.rand(5, 3, 3)
+    fig = plots.attention_maps(w, labels=["a", "b", "c"], ncols=4)
+    titled = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in titled] == [f"head {i}" for i in range(5)]
+    for i, ax in enumerate(titled):  # panel i draws head i's map
+        np.testing.assert_array_equal(ax.images[0].get_array(), w[i].numpy())
     assert sum(not ax.axison for ax in fig.axes) == 3  # the unused panels of a 2 x 4 grid
     with pytest.raises(ValueError, match=r"weights must have shape \(h, n_q, n_k\), got \(3, 3\)"):
         plots.attention_maps(torch.rand(3, 3))
@@ -112,12 +120,16 @@ def test_head_blocks_rejects_shapes_that_do_not_fit(w_q, concat, w_o, num_heads,
 # ---- chapter 4: why not one matrix W_Q W_K^T? ----------------------------------------
 
 def test_line_plot_and_singular_values() -> None:
-    fig = plots.line_plot([1, 2, 4], {"a": [1.0, 2.0, 3.0]}, "x", "y", logx=True, logy=True, title="t")
+    fig = plots.line_plot([1, 2, 4], {"a": [1.0, 2.0, 3.0], "b": [3.0, 2.0, 1.0]}, "x", "y", logx=True, logy=True,
+                          title="t")
     ax = fig.axes[0]
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("x", "y", "t")
+    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+    assert drawn == {"a": ([1, 2, 4], [1.0, 2.0, 3.0]), "b": ([1, 2, 4], [3.0, 2.0, 1.0])}
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
     fig = plots.singular_values({"rank 2": torch.tensor([3.0, 1.0, 0.0])})
     line = fig.axes[0].lines[0]
+    assert list(line.get_xdata()) == [1, 2, 3]  # index of the singular value, from 1
     assert list(line.get_ydata()) == [3.0, 1.0, 1e-12]  # the zero is drawn at the floor
     _labelled(fig)
 
@@ -125,10 +137,11 @@ def test_line_plot_and_singular_values() -> None:
 # ---- chapter 5: one big matrix or h small ones? (and the benchmark) -----------------
 
 def test_block_heatmap() -> None:
-    fig = plots.block_heatmap(torch.tensor([[1.0, 0.0], [0.0, 2.0]]), ["r0", "r1"], ["c0", "c1"],
-                              "block", "output", "gradient norm")
+    values = torch.tensor([[1.0, 0.0], [0.5, 2.0]])
+    fig = plots.block_heatmap(values, ["r0", "r1"], ["c0", "c1"], "block", "output", "gradient norm")
     _labelled(fig)
-    assert [t.get_text() for t in fig.axes[0].texts].count("0") == 2  # exact zeros print as 0
+    np.testing.assert_array_equal(fig.axes[0].images[0].get_array(), values.numpy())
+    assert [t.get_text() for t in fig.axes[0].texts].count("0") == 1  # an exact zero prints as 0
     with pytest.raises(ValueError, match=r"values must have shape .* = \(2, 2\), got \(2, 3\)"):
         plots.block_heatmap(torch.rand(2, 3), ["r0", "r1"], ["c0", "c1"], "b", "o", "g")
 
@@ -148,6 +161,15 @@ def test_benchmark_panels_on_the_committed_results() -> None:
     rows = bench.read_results(RESULTS / "cpu_sweep.csv")
     fig = plots.benchmark_panels(rows)
     _labelled(fig)
+    # each line is one variant's medians, at h = 8 against n (left) and at n = 256 against h (right)
+    for ax, (key, fixed_key, fixed) in zip(fig.axes[:2], (("n", "h", 8), ("h", "n", 256))):
+        mode = ax.get_title().split(",")[0]
+        for line in ax.lines:
+            label = line.get_label()
+            column = "floor_ms" if label == "GEMM floor" else "median_ms"
+            want = {int(str(r[key])): float(str(r[column])) for r in rows
+                    if r["mode"] == mode and r[fixed_key] == fixed and (label == "GEMM floor" or r["variant"] == label)}
+            assert dict(zip(line.get_xdata(), line.get_ydata())) == want, (mode, key, label)
     with pytest.raises(ValueError, match="none of the requested modes"):
         plots.benchmark_panels(rows, modes=("inference",))
     with pytest.raises(ValueError, match="no 'forward' rows with"):
@@ -196,7 +218,9 @@ def test_signed_heatmap() -> None:
     ax = fig.axes[0]
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("key token", "query token", "t")
     assert ax.images[0].get_clim() == (-2.0, 2.0)  # symmetric about zero
-    assert len(ax.lines) == 2 and len(ax.texts) == 6  # two block lines, every cell annotated
+    np.testing.assert_array_equal(ax.images[0].get_array(), v.numpy())
+    assert [t.get_text() for t in ax.texts] == [f"{x:.2f}" for x in v.flatten().tolist()]  # every cell
+    assert len(ax.lines) == 2 and ax.lines[0].get_ydata()[0] == 0.5 and ax.lines[1].get_xdata()[0] == 1.5  # the splits
     assert fig.axes[1].get_ylabel() == "entry"  # the colour bar
     with pytest.raises(ValueError, match=r"values must have shape \(len\(row_labels\), len\(col_labels\)\) = \(3, 3\)"):
         plots.signed_heatmap(v, ["a", "b", "c"], ["x", "y", "z"], "x", "y", "c")
@@ -208,6 +232,8 @@ def test_rank_sweep() -> None:
     fig = plots.rank_sweep([1, 2, 4], {"accuracy": [0.2, 0.7, 1.0]}, {"names": 3.0, "numbers": 2.0},
                            ylabel="share", title="t")
     ax = fig.axes[0]
+    curve = next(line for line in ax.lines if line.get_label() == "accuracy")
+    assert (list(curve.get_xdata()), list(curve.get_ydata())) == ([1, 2, 4], [0.2, 0.7, 1.0])
     assert ax.get_xlabel() == "head width $d_k$" and ax.get_ylabel() == "share"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["accuracy", "names", "numbers"]
@@ -268,6 +294,7 @@ def test_online_softmax_steps() -> None:
     _labelled(fig)
     ax = fig.axes[0]
     assert len(ax.patches) == 5 and ax.get_title() == "t"
+    assert [p.get_height() for p in ax.patches] == pytest.approx(s.tolist())  # bar k is score k
     faces = [p.get_facecolor() for p in ax.patches]
     assert faces[2] == faces[3] != faces[0] and faces[4] != faces[0]  # last block seen, unseen
     assert "running max m = 2.00" in [t.get_text() for t in ax.get_legend().get_texts()]

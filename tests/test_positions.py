@@ -13,6 +13,7 @@ with RoPE on the content keys, absorption fails. Every error path has a test.
 from __future__ import annotations
 
 import math
+import warnings
 from types import ModuleType
 
 import pytest
@@ -92,7 +93,10 @@ def test_four_terms_add_up_to_the_score(n_q: int, n_k: int, d_model: int, d_k: i
         (lambda: sinusoidal_positions(0, 4), ValueError, "n"),
         (lambda: sinusoidal_positions(3, 5), ValueError, "d_model"),
         (lambda: sinusoidal_positions(3, 4, base=1.0), ValueError, "base"),
-        (lambda: sinusoidal_positions(3, 4, base=True), ValueError, "base"),
+        (lambda: sinusoidal_positions(3, 4, base=True), TypeError, "base must be a number > 1, got bool True"),
+        (lambda: sinusoidal_positions(3, 4.0), TypeError, "d_model must be a positive int, got float"),
+        (lambda: sinusoidal_positions(3, 5), ValueError,
+         r"d_model must be even, got 5: sin and cos fill each pair of dimensions 2l, 2l \+ 1$"),
         (lambda: score_terms([1.0], _randn(2, 3), _randn(2, 3), _randn(2, 3), _randn(3, 2), _randn(3, 2)),
          TypeError, "x_q"),
         (lambda: score_terms(_randn(2, 3), _randn(2, 3), _randn(2, 3), _randn(2, 3), _randn(3, 2), _randn(3, 1)),
@@ -184,7 +188,9 @@ def test_alibi_bias_for_queries_after_a_cache() -> None:
     "call, exc, match",
     [
         (lambda: alibi_slopes(0), ValueError, "num_heads"),
-        (lambda: alibi_slopes(2.0), (TypeError, ValueError), "num_heads"),
+        (lambda: alibi_slopes(2.0), TypeError, "num_heads must be a positive int, got float 2.0"),
+        (lambda: alibi_slopes(True), TypeError, "num_heads must be a positive int, got bool True"),
+        (lambda: alibi_bias(2, 3, 2.5), TypeError, "n_k must be a positive int, got float"),
         (lambda: alibi_bias(2, 0), ValueError, "n_q"),
         (lambda: alibi_bias(2, 3, 2), ValueError, "n_k"),
         (lambda: AlibiAttention(8, 2, num_kv_heads=1), ValueError, "num_kv_heads"),
@@ -264,7 +270,7 @@ def _bloom_attention(hidden: int, heads: int, seed: int = 0) -> nn.Module:
 def test_alibi_attention_reproduces_bloom_attention(heads: int, d_k: int) -> None:
     d, n = heads * d_k, 7
     hf = _bloom_attention(d, heads)
-    ours = AlibiAttention.from_weights(read_bloom(hf), heads)
+    ours = AlibiAttention.from_projections(read_bloom(hf), heads)
     x = _randn(2, n, d, seed=3)
     alibi = _bloom().build_alibi_tensor(torch.ones(2, n, dtype=F64), heads, F64)
     additive = torch.zeros(n, n, dtype=F64).masked_fill(~causal_mask(n), float("-inf"))[None, None]
@@ -288,7 +294,7 @@ def test_alibi_attention_reproduces_a_bloom_model_layer() -> None:
         for p in block.self_attention.parameters():
             p.normal_(0.0, 0.3)
     ids = torch.randint(0, 10, (2, 7), generator=torch.Generator().manual_seed(1))
-    ours = AlibiAttention.from_weights(read_bloom(block.self_attention), 3)
+    ours = AlibiAttention.from_projections(read_bloom(block.self_attention), 3)
     with torch.no_grad():
         hf_w = model(input_ids=ids, output_attentions=True).attentions[0]  # (B, h, n, n)
         x = block.input_layernorm(model.word_embeddings_layernorm(model.word_embeddings(ids)))
@@ -300,7 +306,7 @@ def test_alibi_cached_decoding_matches_bloom_dynamic_cache() -> None:
     from transformers import DynamicCache
 
     hf, n = _bloom_attention(12, 3), 6
-    ours = AlibiAttention.from_weights(read_bloom(hf), 3)
+    ours = AlibiAttention.from_projections(read_bloom(hf), 3)
     x = _randn(1, n, 12, seed=4)
     alibi = _bloom().build_alibi_tensor(torch.ones(1, n, dtype=F64), 3, F64)
     hf_cache, cache, hf_outs, outs = DynamicCache(config=_hf_config(hf)), KVCache(), [], []
@@ -343,6 +349,17 @@ def test_bloom_layout_round_trips(heads: int, d_k: int, bias: bool, seed: int, d
     assert torch.equal(fused[heads - 1, 1], w.w_k[:, (heads - 1) * d_k :].T)
 
 
+def test_read_bloom_refuses_another_number_of_heads_than_written() -> None:
+    """BLOOM's rows are grouped by head: read with h = 4, a layout written with h = 2 gave every
+    head mixed rows and no shape went wrong. write_bloom's layers carry num_heads, as BLOOM's."""
+    w = AttentionWeights(*(_randn(8, 8, seed=i) for i in range(4)))
+    layers = write_bloom(w, 2)
+    assert layers.num_heads == 2
+    with pytest.raises(ValueError, match=r"num_heads=4 disagrees with attn.num_heads=2"):
+        read_bloom(layers, num_heads=4)
+    assert torch.equal(read_bloom(layers).w_k, w.w_k)
+
+
 def test_write_bloom_loads_into_bloom_attention() -> None:
     hf = _bloom_attention(12, 3, seed=1)
     w = read_bloom(hf)
@@ -357,17 +374,21 @@ def test_bloom_errors() -> None:
     with pytest.raises(ValueError, match="disagrees"):
         read_bloom(hf, num_heads=2)
     layers = write_bloom(read_bloom(hf), 3)
+    bare = nn.ModuleDict(dict(layers.items()))  # the same layers, without num_heads
     with pytest.raises(ValueError, match="num_heads must be given"):
-        read_bloom(layers)
+        read_bloom(bare)
     with pytest.raises(ValueError, match=r"query_key_value.weight must be \(3\*h\*d_k, d\) and dense.weight \(d, h\*d_k\) with num_heads=5"):
-        read_bloom(layers, num_heads=5)
+        read_bloom(bare, num_heads=5)
     with pytest.raises(TypeError, match="dense"):
         read_bloom(nn.ModuleDict({"query_key_value": layers["query_key_value"]}), num_heads=3)
     no_bias = nn.ModuleDict({"query_key_value": layers["query_key_value"], "dense": nn.Linear(12, 12, bias=False)})
     assert read_bloom(no_bias, num_heads=3).b_o is not None  # issue 30: a missing bias reads as zeros
-    hf.attention_dropout.p = 0.1
-    with pytest.raises(ValueError, match="dropout"):
+    hf.attention_dropout.p = 0.1  # hf is in eval mode: its dropout is off, nothing is lost
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         read_bloom(hf)
+    with pytest.warns(UserWarning, match=r"attention_dropout=0.1 is not read: attnlib has no dropout"):
+        read_bloom(hf.train())
     with pytest.raises(TypeError, match="AttentionWeights"):
         write_bloom(layers, 3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="divide"):

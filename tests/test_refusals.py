@@ -126,14 +126,15 @@ def _records() -> dict[str, Callable[[], object]]:
         "AlibiAttention.projections()": lambda: AlibiAttention(D, H, dtype=F64).projections(),
         "DecoderAttention(RoPE).projections()": lambda: DecoderAttention(D, H, rope_base=100.0).projections(),
         "DecoderAttention(grouped).projections()": lambda: DecoderAttention(D, H, num_kv_heads=1).projections(),
-        "AlibiAttention.grouped_weights()": lambda: AlibiAttention(D, H, dtype=F64).grouped_weights(),
+        "AlibiAttention.grouped_projections()": lambda: AlibiAttention(D, H, dtype=F64).grouped_projections(),
     }
 
 
 # a tool that takes a record of the plain layer's weights
 RECORD_TOOLS: dict[str, Callable[[Any], object]] = {
-    "MultiHeadAttention.from_weights": lambda w: MultiHeadAttention.from_weights(w, H),
-    "DecoderAttention.from_weights": lambda w: DecoderAttention.from_weights(w, H),
+    "MultiHeadAttention.from_projections": lambda w: MultiHeadAttention.from_projections(w, H),
+    "MultiHeadAttention.from_weights (its name before the rename)": lambda w: MultiHeadAttention.from_weights(w, H),
+    "DecoderAttention.from_projections": lambda w: DecoderAttention.from_projections(w, H),
     "write_torch_mha": lambda w: write_torch_mha(w, H),
     "write_separate_linear": write_separate_linear,
     "write_packed_linear": write_packed_linear,
@@ -145,8 +146,8 @@ RECORD_TOOLS: dict[str, Callable[[Any], object]] = {
 RECORD_REFUSALS = {  # how each record is refused, before or by the tool
     "AlibiAttention.projections()": (TypeError, r"these weights are an AlibiAttention's \(AlibiWeights\): ALiBi adds"),
     "DecoderAttention(RoPE).projections()": (ValueError, r"projections\(\) is the plain layer's record.*rope_base=100"),
-    "DecoderAttention(grouped).projections()": (ValueError, r"num_kv_heads=1, num_heads=2.*use grouped_weights\(\)"),
-    "AlibiAttention.grouped_weights()": (TypeError, r"AlibiAttention has no grouped_weights\(\).*not ALiBi"),
+    "DecoderAttention(grouped).projections()": (ValueError, r"num_kv_heads=1, num_heads=2.*use grouped_projections\(\)"),
+    "AlibiAttention.grouped_projections()": (TypeError, r"AlibiAttention has no grouped_projections\(\).*not ALiBi"),
 }
 
 
@@ -166,11 +167,11 @@ def test_alibi_records_go_where_alibi_is() -> None:
     al = AlibiAttention(D, H, dtype=F64)
     w = al.projections()
     assert isinstance(w, AlibiWeights)
-    again = AlibiAttention.from_weights(w, H)
+    again = AlibiAttention.from_projections(w, H)
     torch.testing.assert_close(_output(again), _output(al), atol=0, rtol=0)
-    back = AlibiAttention.from_weights(read_bloom(write_bloom(w, H), num_heads=H), H)
+    back = AlibiAttention.from_projections(read_bloom(write_bloom(w, H), num_heads=H), H)
     torch.testing.assert_close(_output(back), _output(al), atol=0, rtol=0)
-    plain = MultiHeadAttention.from_weights(w.without_alibi(), H)
+    plain = MultiHeadAttention.from_projections(w.without_alibi(), H)
     assert type(plain) is MultiHeadAttention and not torch.allclose(_output(plain), _output(al))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlib.checks import check_positive_int, format_shape
+from attnlib.checks import check_positive_int, format_shape, warn_dropout
 from attnlib.records import AttentionWeights
 
 __all__ = ["read_bloom", "write_bloom"]
@@ -40,8 +40,10 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
     Raises:
         TypeError: a projection missing or not an ``nn.Linear``.
         ValueError: ``num_heads`` missing or disagreeing with ``attn.num_heads``; shapes
-            that do not fit ``(3 h d_k, d)`` and ``(d, h d_k)``; dropout > 0
-            in ``attn`` (``attention_dropout``).
+            that do not fit ``(3 h d_k, d)`` and ``(d, h d_k)``.
+
+    Warns (``UserWarning``) when ``attn`` is in training mode with ``attention_dropout``
+    ``p > 0``, as every reader does (:func:`attnlib.checks.warn_dropout`).
     """
     layers: dict[str, nn.Linear] = {}
     for name in ("query_key_value", "dense"):
@@ -58,8 +60,8 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
     if own is not None and int(own) != h:
         raise ValueError(f"num_heads={h} disagrees with attn.num_heads={own}")
     dropout = getattr(attn, "attention_dropout", None)
-    if isinstance(dropout, nn.Dropout) and dropout.p > 0:
-        raise ValueError(f"attention_dropout p={dropout.p} > 0: attnlib has no dropout; set it to 0 (inference)")
+    if isinstance(dropout, nn.Dropout):
+        warn_dropout("attention_dropout", dropout.p, attn.training)
     w = layers["query_key_value"].weight.detach()  # (3*h*d_k, d)
     three_hd, d = w.shape
     d_k = three_hd // (3 * h)
@@ -91,7 +93,10 @@ def read_bloom(attn: nn.Module, *, num_heads: int | None = None) -> AttentionWei
 def write_bloom(weights: AttentionWeights, num_heads: int) -> nn.ModuleDict:
     """``query_key_value`` and ``dense`` (``nn.Linear`` with bias) holding ``weights`` in
     BLOOM's per-head fused layout: the inverse of :func:`read_bloom`. Its ``state_dict()``
-    loads into a ``BloomAttention`` of the same shape. A record without biases gets zero
+    loads into a ``BloomAttention`` of the same shape. Like ``BloomAttention`` it carries
+    ``num_heads``: the layout's rows are grouped by head, and read with another number of
+    heads they would be scrambled without any shape going wrong, so :func:`read_bloom`
+    refuses another one. A record without biases gets zero
     biases (BLOOM's layers always have one), which computes the same function.
 
     Raises:
@@ -118,4 +123,6 @@ def write_bloom(weights: AttentionWeights, num_heads: int) -> nn.ModuleDict:
         qkv.bias.copy_(fused_b.reshape(3 * hd))
         dense.weight.copy_(weights.w_o.T)  # (d_out, d_in)
         dense.bias.copy_(bias(weights.b_o, d))
-    return nn.ModuleDict({"query_key_value": qkv, "dense": dense})
+    layers = nn.ModuleDict({"query_key_value": qkv, "dense": dense})
+    setattr(layers, "num_heads", h)  # as BloomAttention has it: read_bloom refuses another num_heads
+    return layers

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlib.checks import check_tensor, check_width, format_shape
+from attnlib.checks import check_dtype, check_tensor, check_width, format_shape
 
 __all__ = ["KVCache", "LatentCache", "kv_cache_bytes_per_token", "latent_cache_bytes_per_token",
-           "check_cache_call", "itemsize"]
+           "check_cache_call"]
 
 
 def kv_cache_bytes_per_token(
@@ -28,24 +28,18 @@ def kv_cache_bytes_per_token(
     With ``g = num_kv_heads = h`` (MHA), ``d_k = d_v = d_model / h`` this is
     ``2 * d_model * itemsize``; GQA divides it by ``h / g``; MQA is ``g = 1``.
     """
-    check_width(num_kv_heads, "num_kv_heads")
-    check_width(d_k, "d_k")
-    d_v = d_k if d_v is None else check_width(d_v, "d_v")
-    return num_kv_heads * (d_k + d_v) * itemsize(dtype)
+    check_width("num_kv_heads", num_kv_heads)
+    check_width("d_k", d_k)
+    d_v = d_k if d_v is None else check_width("d_v", d_v)
+    return num_kv_heads * (d_k + d_v) * check_dtype("dtype", dtype).itemsize
 
 
 def latent_cache_bytes_per_token(d_c: int, d_r: int, dtype: torch.dtype = torch.float32) -> int:
     """Bytes an MLA cache holds per token, per layer and sequence: ``(d_c + d_r) * itemsize``
     (one latent of width ``d_c`` and one shared RoPE key of width ``d_r``)."""
-    check_width(d_c, "d_c")
-    check_width(d_r, "d_r", zero_ok=True)
-    return (d_c + d_r) * itemsize(dtype)
-
-
-def itemsize(dtype: torch.dtype) -> int:
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__} {dtype!r}")
-    return torch.empty((), dtype=dtype).element_size()
+    check_width("d_c", d_c)
+    check_width("d_r", d_r, zero_ok=True)
+    return (d_c + d_r) * check_dtype("dtype", dtype).itemsize
 
 
 # ---- caches ---------------------------------------------------------------------------------
@@ -78,7 +72,7 @@ class _Cache:
     @property
     def nbytes(self) -> int:
         """Bytes held by the cached tensors (nothing else counted)."""
-        return sum(t.numel() * t.element_size() for t in self._tensors.values())
+        return sum(t.nbytes for t in self._tensors.values())
 
     @property
     def batch_size(self) -> int | None:

@@ -297,9 +297,9 @@ class DecoderAttention(MultiHeadAttention):
                 f"rotates queries and keys by their positions, so query i and key j score "
                 f"x_i W^Q R_(j-i) W^K^T x_j^T, not the plain layer's x_i W^QK x_j^T"
             )
-        expanded = self._expanded_weights()
+        expanded = self._expanded_projections()
         plain = AttentionWeights(**record_tensors(expanded))
-        return MultiHeadAttention.from_weights(plain, self.num_heads)
+        return MultiHeadAttention.from_projections(plain, self.num_heads)
 
     def projections(self) -> AttentionWeights:
         """The parent's record (detached copies) when the layer is the plain layer: one
@@ -307,19 +307,19 @@ class DecoderAttention(MultiHeadAttention):
 
         Raises:
             ValueError: grouped keys/values or RoPE, which an :class:`AttentionWeights`
-                cannot hold (it would drop them): use :meth:`grouped_weights`.
+                cannot hold (it would drop them): use :meth:`grouped_projections`.
         """
         if self.num_kv_heads != self.num_heads or self.rope_base is not None:
             raise ValueError(
                 f"projections() is the plain layer's record, (d_model, d_model) matrices without RoPE, but "
                 f"this module has num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads}, "
-                f"rope_base={self.rope_base}; use grouped_weights(), which keeps them"
+                f"rope_base={self.rope_base}; use grouped_projections(), which keeps them"
             )
         return super().projections()
 
-    def grouped_weights(self) -> GroupedAttentionWeights:
+    def grouped_projections(self) -> GroupedAttentionWeights:
         """The projections (detached copies) with ``num_heads``, ``num_kv_heads`` and
-        ``rope_base``: everything :meth:`from_grouped_weights` needs to rebuild the module."""
+        ``rope_base``: everything :meth:`from_grouped_projections` needs to rebuild the module."""
 
         def c(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.detach().clone()
@@ -338,8 +338,12 @@ class DecoderAttention(MultiHeadAttention):
             rope_base=self.rope_base,
         )
 
+    def grouped_weights(self) -> GroupedAttentionWeights:
+        """:meth:`grouped_projections`, by its name from before the rename."""
+        return self.grouped_projections()
+
     @classmethod
-    def from_grouped_weights(cls, weights: GroupedAttentionWeights) -> Self:
+    def from_grouped_projections(cls, weights: GroupedAttentionWeights) -> Self:
         """A module holding copies of ``weights``, with its heads, groups and RoPE base."""
         if not isinstance(weights, GroupedAttentionWeights):
             raise TypeError(f"weights must be a GroupedAttentionWeights, got {type(weights).__name__}")
@@ -357,16 +361,21 @@ class DecoderAttention(MultiHeadAttention):
         layer.load_state_dict(record_tensors(weights))  # copies, checked against the shapes
         return layer
 
+    @classmethod
+    def from_grouped_weights(cls, weights: GroupedAttentionWeights) -> Self:
+        """:meth:`from_grouped_projections`, by its name from before the rename."""
+        return cls.from_grouped_projections(weights)
+
     def expand_kv_heads(self) -> Self:
         """The same function with ``num_kv_heads = num_heads``: each group's key and value
         column blocks (and biases) are repeated for the ``h / g`` heads that read them, in
         ``repeat_interleave`` order. RoPE is kept (without it, :meth:`as_plain` gives the
         same weights as chapter 3's plain class)."""
-        return type(self).from_grouped_weights(self._expanded_weights())
+        return type(self).from_grouped_projections(self._expanded_projections())
 
-    def _expanded_weights(self) -> GroupedAttentionWeights:
-        """:meth:`grouped_weights` with each group's blocks repeated for its ``h / g`` heads."""
-        w = self.grouped_weights()
+    def _expanded_projections(self) -> GroupedAttentionWeights:
+        """:meth:`grouped_projections` with each group's blocks repeated for its ``h / g`` heads."""
+        w = self.grouped_projections()
         r, d_k = self.group_size, self.d_k
 
         def rep(t: Tensor | None, dim: int) -> Tensor | None:

@@ -110,16 +110,16 @@ class LatentAttention(nn.Module):
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("num_heads", num_heads)
-        check_width(d_c, "d_c")
-        check_width(d_r, "d_r", even=True, zero_ok=True)
+        check_width("d_c", d_c)
+        check_width("d_r", d_r, even=True, zero_ok=True, why="RoPE pairs dimension l with l + d_r/2")
         if d_k is None:
             if d_model % num_heads:
                 raise ValueError(
                     f"d_model ({d_model}) must be divisible by num_heads ({num_heads}) when d_k is not given"
                 )
             d_k = d_model // num_heads
-        check_width(d_k, "d_k")
-        d_v = d_k if d_v is None else check_width(d_v, "d_v")
+        check_width("d_k", d_k)
+        d_v = d_k if d_v is None else check_width("d_v", d_v)
         self.rope_base = check_rope_base(rope_base, "rope_base")
         self.d_model, self.num_heads, self.d_c, self.d_r, self.d_k, self.d_v = d_model, num_heads, d_c, d_r, d_k, d_v
         h = num_heads

@@ -7,13 +7,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlib.checks import check_positive_int
+from attnlib.checks import check_positive_int, warn_dropout
 from attnlib.decoding.grouped import GroupedAttentionWeights
 from attnlib.decoding.rope import rope_inv_freq
 from attnlib.rounding import rounding_tolerance
 
 # Llama's layer: four nn.Linear, grouped keys and values, RoPE. Read into (and written
-# from) GroupedAttentionWeights; DecoderAttention.from_grouped_weights builds the module.
+# from) GroupedAttentionWeights; DecoderAttention.from_grouped_projections builds the module.
 __all__ = ["GroupedAttentionWeights", "read_llama", "write_llama"]
 
 
@@ -55,9 +55,12 @@ def read_llama(
             (e.g. ``Qwen3Attention``'s ``q_norm`` and ``k_norm``: QK-norm), which would be
             dropped; partial rotary (``partial_rotary_factor`` below 1).
         ValueError: ``num_heads`` missing (no config) or disagreeing with the config; a
-            RoPE type other than ``"default"`` (scaled frequencies); ``attention_dropout > 0``;
+            RoPE type other than ``"default"`` (scaled frequencies);
             shapes that do not fit (``head_dim`` may be any width: ``q_proj`` is
             ``(h*head_dim, hidden_size)``).
+
+    Warns (``UserWarning``) when ``attn`` is in training mode with ``attention_dropout > 0``,
+    as every reader does (:func:`attnlib.checks.warn_dropout`).
     """
     layers: dict[str, nn.Linear] = {}
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -105,11 +108,7 @@ def read_llama(
         if rope_base is not None and theta is not None and float(rope_base) != float(theta):
             raise ValueError(f"rope_base={rope_base} disagrees with the config's rope_theta={theta}")
         rope_base = None if theta is None else float(theta)
-        if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
-            raise ValueError(
-                f"attention_dropout={config.attention_dropout} > 0: attnlib has no dropout; "
-                f"set it to 0 (inference)"
-            )
+        warn_dropout("attention_dropout", float(getattr(config, "attention_dropout", 0.0) or 0.0), attn.training)
         head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // h_cfg)  # any width
         if layers["q_proj"].out_features != h_cfg * head_dim:
             raise ValueError(

@@ -57,12 +57,14 @@ def sinusoidal_positions(
         ``(n, d_model)``.
 
     Raises:
-        ValueError: ``n`` not a positive int; ``d_model`` not a positive even int;
-            ``base`` not a number > 1.
+        TypeError: ``n`` or ``d_model`` not an int, ``base`` not a number (``True`` is neither).
+        ValueError: ``n`` below 1; ``d_model`` not a positive even int; ``base`` not > 1.
     """
     check_positive_int("n", n)
-    check_width(d_model, "d_model", even=True)
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+    check_width("d_model", d_model, even=True, why="sin and cos fill each pair of dimensions 2l, 2l + 1")
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"base must be a number > 1, got {type(base).__name__} {base!r}")
+    if not base > 1:
         raise ValueError(f"base must be a number > 1, got {base!r}")
     p = torch.arange(n, dtype=torch.float64, device=device)[:, None]  # (n, 1)
     two_l = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # (d/2,)
@@ -172,8 +174,8 @@ def alibi_bias(
         ValueError: ``num_heads`` or ``n_q`` not a positive int; ``n_k`` not an int
             ``>= n_q``.
     """
-    check_width(n_q, "n_q")
-    n_k = n_q if n_k is None else check_width(n_k, "n_k")
+    check_width("n_q", n_q)
+    n_k = n_q if n_k is None else check_width("n_k", n_k)
     if n_k < n_q:
         raise ValueError(f"n_k ({n_k}) must be >= n_q ({n_q}): "
                          f"the queries are the last n_q of the n_k positions")
@@ -196,14 +198,14 @@ class AlibiWeights(AttentionWeights):
     """The projections of an :class:`AlibiAttention` (what its ``projections()`` returns):
     an :class:`~attnlib.AttentionWeights` that says its layer adds ALiBi, so that a tool for
     the plain layer refuses it (:meth:`as_plain`) instead of dropping the positions.
-    :meth:`AlibiAttention.from_weights` and :func:`attnlib.interop.write_bloom` (BLOOM has
+    :meth:`AlibiAttention.from_projections` and :func:`attnlib.interop.write_bloom` (BLOOM has
     ALiBi) take it; :meth:`without_alibi` is the same weights as a plain record, for a
     reader who means to drop ALiBi."""
 
     def as_plain(self) -> NoReturn:
         raise TypeError(
             f"these weights are an AlibiAttention's (AlibiWeights): {ALIBI_REASON}; build "
-            f"AlibiAttention.from_weights(w, h), or take w.without_alibi() to drop ALiBi on purpose"
+            f"AlibiAttention.from_projections(w, h), or take w.without_alibi() to drop ALiBi on purpose"
         )
 
     def without_alibi(self) -> AttentionWeights:
@@ -277,22 +279,22 @@ class AlibiAttention(DecoderAttention):
         """The four projections and biases (detached copies), as :class:`AlibiWeights`."""
         return AlibiWeights(**record_tensors(super().projections()))
 
-    def grouped_weights(self) -> NoReturn:
+    def grouped_projections(self) -> NoReturn:
         """Raises ``TypeError``: a :class:`~attnlib.decoding.GroupedAttentionWeights` holds
         groups and RoPE, not ALiBi (use :meth:`projections`)."""
         raise TypeError(
-            f"an AlibiAttention has no grouped_weights(): GroupedAttentionWeights holds groups and RoPE, "
+            f"an AlibiAttention has no grouped_projections(): GroupedAttentionWeights holds groups and RoPE, "
             f"not ALiBi, and would drop it; use projections(), whose AlibiWeights keeps it"
         )
 
     @classmethod
-    def from_weights(cls, weights: AttentionWeights, num_heads: int) -> Self:
+    def from_projections(cls, weights: AttentionWeights, num_heads: int) -> Self:
         """A layer holding copies of ``weights``: an :class:`AlibiWeights` (what
         :meth:`projections` returns), or a plain record (``read_bloom``'s), to which this
         class adds ALiBi."""
         if isinstance(weights, AlibiWeights):
             weights = weights.without_alibi()
-        return super().from_weights(weights, num_heads)
+        return super().from_projections(weights, num_heads)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ", alibi=True"

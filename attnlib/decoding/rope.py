@@ -50,7 +50,7 @@ def rope_inv_freq(
     Raises:
         ValueError: ``d_k`` not a positive even int; ``base`` not a number > 1.
     """
-    check_width(d_k, "d_k", even=True)
+    check_width("d_k", d_k, even=True, why="RoPE pairs dimension l with l + d_k/2")
     base = check_rope_base(base)
     two_l = torch.arange(0, d_k, 2, device=device, dtype=dtype)  # (d_k/2,): 2l
     return 1.0 / (base ** (two_l / d_k))  # (d_k/2,)
@@ -118,7 +118,7 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
     if x.dim() < 2 or not x.is_floating_point():
         raise ValueError(f"x must be a floating-point tensor of shape (..., n, d_k), got {format_shape(x)} of dtype {x.dtype}")
     n, d_k = x.shape[-2], x.shape[-1]
-    check_width(d_k, "d_k (the last dimension of x)", even=True)
+    check_width("d_k (the last dimension of x)", d_k, even=True, why="RoPE pairs dimension l with l + d_k/2")
     if positions is None:
         positions = torch.arange(n, device=x.device)  # (n,)
     elif not isinstance(positions, Tensor):

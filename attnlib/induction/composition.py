@@ -69,11 +69,19 @@ def composition_score(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
     and ``b`` ``(..., n, p)`` (batch dimensions broadcast); shape: the broadcast batch.
 
     Between 0 and 1 (the Frobenius norm is submultiplicative); unchanged when ``a`` or ``b``
-    is scaled, and when an orthogonal ``U`` is put between them (``a U``, ``U^T b``)."""
+    is scaled, and when an orthogonal ``U`` is put between them (``a U``, ``U^T b``). Where
+    ``a`` or ``b`` is zero (a pruned head) the ratio is 0/0, which the maths leaves undefined:
+    the score is 0 there, since nothing is written that could be read."""
     _check_composable(a, b)
     product = a @ b  # FactoredMatrix (..., m, p), inner dimension a.r
     assert isinstance(product, FactoredMatrix)
-    return frobenius(product) / (frobenius(a) * frobenius(b))
+    return _ratio(frobenius(product), frobenius(a) * frobenius(b))
+
+
+def _ratio(num: Tensor, den: Tensor) -> Tensor:
+    """``num / den``, and 0 where ``den`` is 0 (then ``num`` is 0 too: a zero matrix composes
+    with nothing)."""
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num))
 
 
 def composition_ceiling(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
@@ -81,12 +89,13 @@ def composition_ceiling(a: FactoredMatrix, b: FactoredMatrix) -> Tensor:
     own singular values, over every rotation :math:`U` of the space between them:
     :math:`\max_U C(AU, B) = \sqrt{\sum_i a_i^2 b_i^2} / (\lVert A \rVert_F \lVert B \rVert_F)`,
     both spectra sorted in decreasing order (the shorter padded with zeros); shape: the
-    broadcast batch. Reached when ``A``'s right singular vectors meet ``B``'s left ones in order."""
+    broadcast batch. Reached when ``A``'s right singular vectors meet ``B``'s left ones in order;
+    0 where ``a`` or ``b`` is zero, as :func:`composition_score`."""
     _check_composable(a, b)
     sa, sb = a.singular_values, b.singular_values  # (..., r_a), (..., r_b), decreasing
     k = min(sa.shape[-1], sb.shape[-1])
     aligned = (sa[..., :k] * sb[..., :k]).square().sum(-1).sqrt()  # (...,)
-    return aligned / (frobenius(a) * frobenius(b))
+    return _ratio(aligned, frobenius(a) * frobenius(b))  # 0 for a zero matrix, as the score
 
 
 def composition_scores(layer0: MultiHeadAttention, layer1: MultiHeadAttention, kind: str) -> Tensor:

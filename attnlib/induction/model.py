@@ -143,7 +143,7 @@ class InductionRuns(nn.Module):
         r = check_index("r", r, self.n_runs, f"{self.n_runs} runs")
         l = check_index("l", l, N_LAYERS, f"{N_LAYERS} layers")
         w = AttentionWeights(*(getattr(self, n)[r, l].detach().clone() for n in ("w_q", "w_k", "w_v", "w_o")))
-        return MultiHeadAttention.from_weights(w, self.num_heads)
+        return MultiHeadAttention.from_projections(w, self.num_heads)
 
     @torch.no_grad()
     def forward_one(self, r: int, tokens: Tensor) -> Tensor:

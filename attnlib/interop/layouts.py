@@ -158,7 +158,7 @@ def read_linear_heads(
         \in \mathbb{R}^{d_{model} \times d_k},
 
     and so for K and V. Partial biases read as zeros (see :func:`read_separate_linear`).
-    Build the module with ``MultiHeadAttention.from_weights(w, num_heads=len(heads))``.
+    Build the module with ``MultiHeadAttention.from_projections(w, num_heads=len(heads))``.
 
     Raises:
         TypeError: ``heads`` not a list of ``(q, k, v)`` pairs of tensors.

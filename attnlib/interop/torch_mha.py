@@ -9,11 +9,10 @@ rest of :mod:`attnlib.interop`.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import nn
 
+from attnlib.checks import warn_dropout
 from attnlib.records import AttentionWeights, pack_qkv, plain_record, split_qkv
 
 __all__ = ["read_torch_mha", "write_torch_mha"]
@@ -31,8 +30,9 @@ def read_torch_mha(m: nn.MultiheadAttention) -> AttentionWeights:
         ValueError: for features attnlib does not have (``kdim``/``vdim`` other than
             ``embed_dim``, ``add_bias_kv``, ``add_zero_attn``), naming the feature.
 
-    Warns (``UserWarning``) when ``m.dropout > 0``: attnlib has no dropout, so the
-    weights read compute ``m``'s function in eval mode only.
+    Warns (``UserWarning``) when ``m`` is in training mode with ``dropout > 0``: attnlib
+    has no dropout, so the weights read compute ``m``'s function in eval mode only
+    (:func:`attnlib.checks.warn_dropout`, the rule of every reader).
     """
     if not isinstance(m, nn.MultiheadAttention):
         raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(m).__name__}")
@@ -45,13 +45,7 @@ def read_torch_mha(m: nn.MultiheadAttention) -> AttentionWeights:
         raise ValueError("add_bias_kv=True is not supported by attnlib.MultiHeadAttention")
     if m.add_zero_attn:
         raise ValueError("add_zero_attn=True is not supported by attnlib.MultiHeadAttention")
-    if m.dropout > 0:
-        warnings.warn(
-            f"dropout={m.dropout} is not read: attnlib has no dropout, so the weights "
-            "compute this layer's function in eval mode only",
-            UserWarning,
-            stacklevel=2,
-        )
+    warn_dropout("dropout", m.dropout, m.training)
     b_qkv = None if m.in_proj_bias is None else m.in_proj_bias.detach()  # (3E,)
     b_o = None if m.out_proj.bias is None else m.out_proj.bias.detach()  # (E,)
     if (b_qkv is None) != (b_o is None):

@@ -102,6 +102,11 @@ class FactoredMatrix:
     """
 
     def __init__(self, left: Tensor, right: Tensor) -> None:
+        self._cache: dict[str, tuple[Tensor, Tensor, tuple[int, int], Any]] = {}  # see _cached
+        self._set(left, right)
+
+    def _set(self, left: Tensor, right: Tensor) -> None:
+        """Check the two factors together and keep them, their batch dimensions broadcast."""
         left = _check_factor("left", left, "(..., m, r)")
         right = _check_factor("right", right, "(..., r, n)")
         if left.shape[-1] != right.shape[-2]:
@@ -122,9 +127,27 @@ class FactoredMatrix:
                 f"the batch dimensions of left {format_shape(left)} and right "
                 f"{format_shape(right)} do not broadcast"
             ) from None
-        self.left = left.expand(*batch, *left.shape[-2:])  # (..., m, r)
-        self.right = right.expand(*batch, *right.shape[-2:])  # (..., r, n)
-        self._cache: dict[str, tuple[Tensor, Tensor, tuple[int, int], Any]] = {}  # see _cached
+        self._left = left.expand(*batch, *left.shape[-2:])  # (..., m, r)
+        self._right = right.expand(*batch, *right.shape[-2:])  # (..., r, n)
+
+    # ---- the factors: replacing one is checked against the other, as in the constructor ----
+    @property
+    def left(self) -> Tensor:
+        """``L``: ``(..., m, r)``. Assigning a new one checks it against :attr:`right`."""
+        return self._left
+
+    @left.setter
+    def left(self, value: Tensor) -> None:
+        self._set(value, self._right)
+
+    @property
+    def right(self) -> Tensor:
+        """``R``: ``(..., r, n)``. Assigning a new one checks it against :attr:`left`."""
+        return self._right
+
+    @right.setter
+    def right(self, value: Tensor) -> None:
+        self._set(self._left, value)
 
     # ---- sizes ----------------------------------------------------------------
     @property
