@@ -349,6 +349,31 @@ def test_search_finds_a_word_from_chapter_1(browser: object, site: str) -> None:
         visit.close()
 
 
+def test_search_sends_causal_mask_and_cross_attention_to_their_section(
+        browser: object, site: str, built: Path) -> None:
+    """A learner who types "causal mask" or "cross-attention" gets, as the first hit, chapter 2's
+    section on self-, cross- and causal attention, not a page that merely uses the words. The
+    section's main index entries do it: Sphinx's search scores an exact entry above any text
+    match. One search runs in the browser; the other entry is read from the search index."""
+    visit = PageVisit(browser, urljoin(site, "search.html?q=causal+mask")).ready()
+    try:
+        visit.page.wait_for_selector("ul.search li", timeout=15000)
+        first = visit.page.eval_on_selector("ul.search li a", "e => e.href")
+    finally:
+        visit.close()
+    page, _, anchor = first.partition("#")
+    assert page.endswith("chapters/02_where_qkv_come_from.html") and anchor, f"first hit: {first}"
+    index = json.loads(re.search(r"Search\.setIndex\((.*)\)", (built / "searchindex.js").read_text(), re.S)[1])
+    chapter_2 = index["docnames"].index("chapters/02_where_qkv_come_from")
+    for entry in ("causal mask", "cross-attention"):
+        assert [chapter_2, anchor, True] in index["indexentries"].get(entry, []), (
+            f"{entry!r} is not a main index entry at {anchor}: {index['indexentries'].get(entry)}")
+    # the anchor sits just before the section's heading, so the section opens at its title
+    html = (built / "chapters" / "02_where_qkv_come_from.html").read_text()
+    heading = re.search(r"<h2>(.*?)<a", html[html.index(f'id="{anchor}"'):], re.S)
+    assert heading and "Self-, cross- and causal attention" in heading[1], heading
+
+
 @pytest.mark.parametrize("name", [p for p in PAGES if p.startswith("chapters/")])
 def test_download_notebook_button(desktop: dict, browser: object, name: str) -> None:
     ipynb = [h for h in desktop[name]["downloads"] if h.endswith(".ipynb")]
