@@ -8,6 +8,7 @@ class."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -71,10 +72,17 @@ def _chapter(name: str) -> int:
     return max(_own_chapter(m) for m in MODULES if _inside(m, name))
 
 
+@cache
+def _tree(name: str) -> ast.Module:
+    """A module's syntax tree, parsed once for all the checks (read-only)."""
+    return ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+
+
+@cache
 def _imports(name: str) -> list[tuple[str, list[str], int, bool]]:
     """(module imported, names taken from it, line, inside a module-level ``__getattr__``)."""
     path = MODULES[name]
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(name)
     lazy = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
             for n in ast.walk(f)}
     base = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -139,7 +147,7 @@ def _private_members(name: str) -> set[str]:
     """The private names a module defines anywhere: at its top level, in a class body, or as
     an attribute of ``self``."""
     found = set()
-    for node in ast.walk(ast.parse(MODULES[name].read_text(), str(MODULES[name]))):
+    for node in ast.walk(_tree(name)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -164,7 +172,7 @@ def test_no_private_attribute_of_another_module_is_used(name: str) -> None:
     """``cache._check(...)`` in the decoder layer reaches into the cache's module: a member another
     module needs is public. (A subclass's ``self._attend`` is its own, inherited.)"""
     others = set().union(*(p for m, p in PRIVATE.items() if m != name))
-    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    tree = _tree(name)
     used = sorted({(node.lineno, node.attr) for node in ast.walk(tree)
                    if isinstance(node, ast.Attribute) and node.attr in others - PRIVATE[name]
                    and not _is_own(node.value)})
@@ -187,7 +195,7 @@ def test_no_module_assigns_to_another_modules_class(name: str) -> None:
     """``MultiHeadAttention._decoder_class = DecoderAttention`` in chapter 8 changed chapter 3's
     class from outside: a class is changed only where it is defined."""
     imported = _imported_names(name)
-    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    tree = _tree(name)
     hits = []
     for node in ast.walk(tree):
         targets: list[ast.expr] = []
@@ -227,7 +235,7 @@ def test_every_chapter_module_is_named() -> None:
 
 def _private_top_level(name: str) -> set[str]:
     """The private names a module defines at its top level (functions, classes, assignments)."""
-    tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+    tree = _tree(name)
     found = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
