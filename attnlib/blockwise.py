@@ -10,14 +10,13 @@ queries tiled as well (FlashAttention, Dao et al. 2022). Its pieces:
   the normalised output and the log-sum-exp of its scores;
 - :func:`merge`: two partials over disjoint sets of keys -> the partial over their union
   (the log-sum-exp combine; Flash-Decoding's split-K reduction, Dao et al. 2023);
-- :func:`blockwise_attention`: the tiled loop (forward and backward), which never holds
-  more than one ``(block_q, block_k)`` tile of scores, and skips tiles the mask rules out;
+- :func:`blockwise_attention`: the tiled loop (forward, and a backward in either loop
+  order), which never holds more than one ``(block_q, block_k)`` tile of scores, skips
+  tiles the mask rules out, and keeps float32 accumulators for float16 and bfloat16 inputs;
 - :func:`split_k_attention`: the keys split among ``num_splits`` workers, then merged.
 
-What the checks and the benchmark measure it with, :func:`intermediate_bytes` (the bytes
-each algorithm holds) and :func:`rounding_bound`, :func:`gradient_rounding_bound` (how
-far two evaluations may differ), live in :mod:`attnlib.blockwise_bounds` and are
-importable from here too.
+:func:`intermediate_bytes`, :func:`rounding_bound` and :func:`gradient_rounding_bound` (the
+bytes held, how far two evaluations may differ) come from :mod:`attnlib.blockwise_bounds`.
 
 Masks follow :func:`attnlib.attention`: boolean, ``True`` = may attend, broadcastable to the
 scores ``(..., n_q, n_k)``. A query with no allowed key gets a zero output, a log-sum-exp of
@@ -34,7 +33,7 @@ from torch import Tensor
 
 from attnlib.checks import check_mask, check_positive_int, check_tensor, format_shape
 from attnlib.attention import check_qkv, check_scale
-from attnlib.blockwise_bounds import gradient_rounding_bound, intermediate_bytes, rounding_bound
+from attnlib.blockwise_bounds import accumulator_dtype, gradient_rounding_bound, intermediate_bytes, rounding_bound
 
 __all__ = [
     "Partial",
@@ -47,7 +46,10 @@ __all__ = [
     "intermediate_bytes",
     "rounding_bound",
     "gradient_rounding_bound",
+    "BACKWARD_ORDERS",
 ]
+
+BACKWARD_ORDERS = ("kv_outer", "q_outer")  # blockwise_attention(backward_order=...)
 
 
 class Partial(NamedTuple):
@@ -82,8 +84,9 @@ def _safe(m: Tensor) -> Tensor:
 
 
 def _scores(q: Tensor, k: Tensor, scale: float, mask: Tensor | None) -> Tensor:
-    s = (q @ k.transpose(-2, -1)) * scale  # (..., b_q, b_k)
-    return s if mask is None else s.masked_fill(~mask, float("-inf"))
+    """One tile of scores ``(..., b_q, b_k)``, scaled and masked in place (no second tile)."""
+    s = (q @ k.transpose(-2, -1)).mul_(scale)  # (..., b_q, b_k)
+    return s if mask is None else s.masked_fill_(~mask, float("-inf"))
 
 
 def attend_block(
@@ -206,19 +209,34 @@ def _prepare(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float 
     return q, k, v, mask, sc, single
 
 
+def _online_step(m: Tensor, ell: Tensor, acc: Tensor, s: Tensor, v: Tensor) -> Tensor:
+    r"""One tile of the online softmax, in place: ``ell``, ``acc`` updated, ``s`` made :math:`e^{s - m'}`;
+    returns the new running max :math:`m'`. Shapes: ``m``, ``ell`` ``(..., b_q)``; ``acc``
+    ``(..., b_q, d_v)``; scores ``s`` ``(..., b_q, b_k)`` (``-inf`` where masked); ``v`` ``(..., b_k, d_v)``."""
+    m_new = torch.maximum(m, s.amax(-1))  # (..., b_q)
+    shift = _safe(m_new)
+    p = s.sub_(shift[..., None]).exp_()  # (..., b_q, b_k), in place of s; 0 where masked
+    rescale = torch.exp(m - shift)  # (..., b_q): the old sums were relative to the old max
+    ell.mul_(rescale).add_(p.sum(-1))  # (..., b_q)
+    acc.mul_(rescale[..., None]).add_(p @ v)  # (..., b_q, d_v)
+    return m_new
+
+
 def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
              block_q: int, block_k: int, causal: bool) -> BlockwiseResult:
-    """The FlashAttention loop over tiles: per query tile a running max, sum and output."""
+    """The FlashAttention loop over tiles: per query tile a running max, sum and output, kept
+    in float32 for float16 and bfloat16 inputs (``acc``); the output is cast back at the end."""
     n_q, n_k, offset = q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2]
+    acc_t = accumulator_dtype(q.dtype)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])  # (..., n_q, d_v)
-    lse = q.new_empty(q.shape[:-1])  # (..., n_q)
+    lse = q.new_empty(q.shape[:-1], dtype=acc_t)  # (..., n_q)
     computed = skipped = 0
     for i0 in range(0, n_q, block_q):
         i1 = min(i0 + block_q, n_q)
-        q_i = q[..., i0:i1, :]  # (..., b_q, d_k)
-        m = torch.full(q_i.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)  # (..., b_q) running max
+        q_i = q[..., i0:i1, :].to(acc_t)  # (..., b_q, d_k)
+        m = q_i.new_full(q_i.shape[:-1], float("-inf"))  # (..., b_q) running max
         ell = torch.zeros_like(m)  # (..., b_q) running sum of exp(s - m)
-        acc = q.new_zeros(q_i.shape[:-1] + v.shape[-1:])  # (..., b_q, d_v) running sum of exp(s - m) v
+        acc = q_i.new_zeros(q_i.shape[:-1] + v.shape[-1:])  # (..., b_q, d_v) running sum of exp(s - m) v
         for j0 in range(0, n_k, block_k):
             j1 = min(j0 + block_k, n_k)
             tile, empty = _tile_mask(mask, causal, i0, i1, j0, j1, offset, q.device)
@@ -226,97 +244,117 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
                 skipped += 1
                 continue
             computed += 1
-            s = _scores(q_i, k[..., j0:j1, :], scale, tile)  # (..., b_q, b_k): the only scores held
-            m_new = torch.maximum(m, s.amax(-1))  # (..., b_q)
-            shift = _safe(m_new)
-            p = torch.exp(s - shift[..., None])  # (..., b_q, b_k), 0 where masked
-            rescale = torch.exp(m - shift)  # (..., b_q): the old sums were relative to the old max
-            ell = rescale * ell + p.sum(-1)  # (..., b_q)
-            acc = rescale[..., None] * acc + p @ v[..., j0:j1, :]  # (..., b_q, d_v)
-            m = m_new
+            s = _scores(q_i, k[..., j0:j1, :].to(acc_t), scale, tile)  # (..., b_q, b_k): the one tile held
+            m = _online_step(m, ell, acc, s, v[..., j0:j1, :].to(acc_t))
+            del s  # freed before the next tile is computed
         out[..., i0:i1, :] = acc / torch.where(ell > 0, ell, torch.ones_like(ell))[..., None]
         lse[..., i0:i1] = m + torch.log(ell)  # -inf where no key was allowed
     return BlockwiseResult(out, lse, computed, skipped)
 
 
+def _row_terms(out: Tensor, lse: Tensor, d_out: Tensor, d_lse: Tensor | None, acc_t: torch.dtype
+               ) -> tuple[Tensor, Tensor]:
+    """``D = rowsum(dO * O) - dlse`` (``d lse_i / d s_ij = P_ij``) and the shift ``lse`` (0 for a
+    query with no allowed key), both ``(..., n_q)``, in the accumulator dtype."""
+    D = (d_out.to(acc_t) * out.to(acc_t)).sum(-1)  # (..., n_q) = sum_j P_ij dP_ij
+    if d_lse is not None:
+        D = D - torch.where(torch.isfinite(lse), d_lse, torch.zeros_like(d_lse)).to(acc_t)
+    return D, _safe(lse.to(acc_t))
+
+
 def _backward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, block_q: int,
               block_k: int, causal: bool, out: Tensor, lse: Tensor, d_out: Tensor,
               d_lse: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Gradients from the saved log-sum-exp, one tile at a time (FlashAttention-2's backward).
+    r"""Gradients from the saved log-sum-exp, query tiles outside (this book's first version).
 
     Per tile: :math:`P = e^{S - \mathrm{lse}}` (recomputed, exact weights),
     :math:`dV \mathrel{+}= P^\top dO`, :math:`dP = dO\, V^\top`,
-    :math:`dS = P \circ (dP - D + d\mathrm{lse})` with :math:`D = \mathrm{rowsum}(dO \circ O)`,
+    :math:`dS = P \circ (dP - D)` with :math:`D = \mathrm{rowsum}(dO \circ O) - d\mathrm{lse}`,
     :math:`dQ \mathrel{+}= dS\, K \cdot \mathrm{scale}`, :math:`dK \mathrel{+}= dS^\top Q \cdot \mathrm{scale}`.
+    :math:`dQ_i` stays with its tile; :math:`dK` and :math:`dV` are added into at every tile.
     """
     n_q, n_k, offset = q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2]
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    D = (d_out * out).sum(-1)  # (..., n_q) = sum_j P_ij dP_ij
-    if d_lse is not None:
-        D = D - torch.where(torch.isfinite(lse), d_lse, torch.zeros_like(d_lse))  # d lse_i / d s_ij = P_ij
-    shift = _safe(lse)
+    acc_t = accumulator_dtype(q.dtype)
+    D, shift = _row_terms(out, lse, d_out, d_lse, acc_t)
+    dq = q.new_empty(q.shape)
+    dk, dv = k.new_zeros(k.shape, dtype=acc_t), v.new_zeros(v.shape, dtype=acc_t)
     for i0 in range(0, n_q, block_q):
         i1 = min(i0 + block_q, n_q)
+        q_i, do_i = q[..., i0:i1, :].to(acc_t), d_out[..., i0:i1, :].to(acc_t)  # (..., b_q, d)
+        dq_i = torch.zeros_like(q_i)  # (..., b_q, d_k)
         for j0 in range(0, n_k, block_k):
             j1 = min(j0 + block_k, n_k)
             tile, empty = _tile_mask(mask, causal, i0, i1, j0, j1, offset, q.device)
             if empty:
                 continue
-            s = _scores(q[..., i0:i1, :], k[..., j0:j1, :], scale, tile)  # (..., b_q, b_k)
-            p = torch.exp(s - shift[..., i0:i1, None])  # (..., b_q, b_k): the weights; 0 where masked
-            do_i = d_out[..., i0:i1, :]  # (..., b_q, d_v)
+            k_j, v_j = k[..., j0:j1, :].to(acc_t), v[..., j0:j1, :].to(acc_t)  # (..., b_k, d)
+            p = _scores(q_i, k_j, scale, tile).sub_(shift[..., i0:i1, None]).exp_()  # (..., b_q, b_k)
             dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_i  # (..., b_k, d_v)
-            dp = do_i @ v[..., j0:j1, :].transpose(-2, -1)  # (..., b_q, b_k)
-            ds = p * (dp - D[..., i0:i1, None]) * scale  # (..., b_q, b_k)
-            dq[..., i0:i1, :] += ds @ k[..., j0:j1, :]  # (..., b_q, d_k)
-            dk[..., j0:j1, :] += ds.transpose(-2, -1) @ q[..., i0:i1, :]  # (..., b_k, d_k)
-    return dq, dk, dv
+            ds = (do_i @ v_j.transpose(-2, -1)).sub_(D[..., i0:i1, None]).mul_(p).mul_(scale)
+            dq_i += ds @ k_j  # (..., b_q, d_k)
+            dk[..., j0:j1, :] += ds.transpose(-2, -1) @ q_i  # (..., b_k, d_k)
+        dq[..., i0:i1, :] = dq_i
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _backward_kv_outer(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+                       block_q: int, block_k: int, causal: bool, out: Tensor, lse: Tensor,
+                       d_out: Tensor, d_lse: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    r"""The same gradients with the key/value tiles outside, FlashAttention's order.
+
+    For each tile of keys and values, :math:`dK_j` and :math:`dV_j` stay with it while the
+    query tiles go by; only :math:`dQ` is added into at every tile (on a GPU, each key tile is
+    one worker's and these adds are atomic). The per-tile formulas are :func:`_backward`'s.
+    """
+    n_q, n_k, offset = q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2]
+    acc_t = accumulator_dtype(q.dtype)
+    D, shift = _row_terms(out, lse, d_out, d_lse, acc_t)
+    dq = q.new_zeros(q.shape, dtype=acc_t)
+    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    for j0 in range(0, n_k, block_k):
+        j1 = min(j0 + block_k, n_k)
+        k_j, v_j = k[..., j0:j1, :].to(acc_t), v[..., j0:j1, :].to(acc_t)  # (..., b_k, d)
+        dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)  # (..., b_k, d_k), (..., b_k, d_v)
+        for i0 in range(0, n_q, block_q):
+            i1 = min(i0 + block_q, n_q)
+            tile, empty = _tile_mask(mask, causal, i0, i1, j0, j1, offset, q.device)
+            if empty:
+                continue
+            q_i, do_i = q[..., i0:i1, :].to(acc_t), d_out[..., i0:i1, :].to(acc_t)  # (..., b_q, d)
+            p = _scores(q_i, k_j, scale, tile).sub_(shift[..., i0:i1, None]).exp_()  # (..., b_q, b_k)
+            dv_j += p.transpose(-2, -1) @ do_i  # (..., b_k, d_v)
+            ds = (do_i @ v_j.transpose(-2, -1)).sub_(D[..., i0:i1, None]).mul_(p).mul_(scale)
+            dq[..., i0:i1, :] += ds @ k_j  # (..., b_q, d_k): the atomic add
+            dk_j += ds.transpose(-2, -1) @ q_i  # (..., b_k, d_k)
+        dk[..., j0:j1, :], dv[..., j0:j1, :] = dk_j, dv_j
+    return dq.to(q.dtype), dk, dv
 
 
 class _BlockwiseFunction(torch.autograd.Function):
     """Forward by :func:`_forward`; saves only q, k, v, the output and the log-sum-exp
-    (no ``n x n`` tensor), and recomputes each tile's weights in :func:`_backward`."""
+    (no ``n x n`` tensor), and recomputes each tile's weights in the backward of the order asked."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
-                block_q: int, block_k: int, causal: bool) -> tuple[Tensor, Tensor]:
+                block_q: int, block_k: int, causal: bool, order: str, counts: list[int]) -> tuple[Tensor, Tensor]:
         res = _forward(q, k, v, mask, scale, block_q, block_k, causal)
+        counts[:] = [res.computed, res.skipped]  # apply() returns tensors only
         ctx.save_for_backward(q, k, v, res.out, res.lse)
-        ctx.mask, ctx.args = mask, (scale, block_q, block_k, causal)
+        ctx.mask, ctx.args, ctx.order = mask, (scale, block_q, block_k, causal), order
         return res.out, res.lse
 
     @staticmethod
     def backward(ctx: Any, d_out: Tensor, d_lse: Tensor | None) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
         scale, block_q, block_k, causal = ctx.args
-        dq, dk, dv = _backward(q, k, v, ctx.mask, scale, block_q, block_k, causal, out, lse, d_out, d_lse)
-        return dq, dk, dv, None, None, None, None, None
-
-
-def _tile_counts_of(mask: Tensor | None, causal: bool, n_q: int, n_k: int,
-                   block_q: int, block_k: int) -> tuple[int, int]:
-    """``(computed, skipped)`` tiles for a given mask (``(..., n_q, n_k)`` or None) and causal flag."""
-    computed = skipped = 0
-    offset = n_k - n_q
-    for i0 in range(0, n_q, block_q):
-        for j0 in range(0, n_k, block_k):
-            _, empty = _tile_mask(mask, causal, i0, min(i0 + block_q, n_q), j0, min(j0 + block_k, n_k),
-                                  offset, torch.device("cpu") if mask is None else mask.device)
-            skipped += empty
-            computed += not empty
-    return computed, skipped
+        loop = _backward_kv_outer if ctx.order == "kv_outer" else _backward
+        dq, dk, dv = loop(q, k, v, ctx.mask, scale, block_q, block_k, causal, out, lse, d_out, d_lse)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def blockwise_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    scale: float | None = None,
-    *,
-    block_q: int = 128,
-    block_k: int = 128,
-    causal: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None, *,
+    block_q: int = 128, block_k: int = 128, causal: bool = False, backward_order: str = "kv_outer",
 ) -> BlockwiseResult:
     r""":func:`attnlib.attention`'s output, computed tile by tile without the ``n_q x n_k`` matrix.
 
@@ -333,7 +371,11 @@ def blockwise_attention(
     ``i`` may attend key ``j <= n_k - n_q + i`` (the queries are the last ``n_q`` positions,
     as :func:`attnlib.decoding.causal_mask`); the causal tiles are made one at a time and
     tiles wholly above the diagonal are skipped. Differentiable: the backward recomputes each
-    tile's weights from the saved log-sum-exp (no ``n x n`` tensor is saved either).
+    tile's weights from the saved log-sum-exp (no ``n x n`` tensor is saved either), with the
+    key/value tiles outside (``backward_order="kv_outer"``, FlashAttention's order) or the
+    query tiles outside (``"q_outer"``). Float16 and bfloat16 inputs are computed and
+    accumulated in float32 (:func:`~attnlib.blockwise_bounds.accumulator_dtype`); the output
+    and the gradients come back in the input's dtype, the log-sum-exp in float32.
 
     Shapes (as :func:`attnlib.attention`): ``q`` ``(..., n_q, d_k)`` or ``(d_k,)``; ``k``
     ``(..., n_k, d_k)``; ``v`` ``(..., n_k, d_v)``; ``mask`` bool, ``True`` = may attend,
@@ -345,15 +387,20 @@ def blockwise_attention(
 
     Raises:
         TypeError: a non-tensor input; a non-int block size; ``causal`` not a bool; ``scale``
-            not a real number.
+            not a real number; ``backward_order`` not a str.
         ValueError: what :func:`attnlib.attention` refuses; a block size below 1;
-            ``causal=True`` with fewer keys than queries.
+            ``causal=True`` with fewer keys than queries; ``backward_order`` not one of
+            :data:`BACKWARD_ORDERS`.
     """
     q, k, v, mask, sc, single = _prepare(q, k, v, mask, scale, block_q, block_k, causal)
+    if not isinstance(backward_order, str):
+        raise TypeError(f"backward_order must be a str, got {type(backward_order).__name__}")
+    if backward_order not in BACKWARD_ORDERS:
+        raise ValueError(f"backward_order must be one of {BACKWARD_ORDERS}, got {backward_order!r}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        out, lse = _BlockwiseFunction.apply(q, k, v, mask, sc, block_q, block_k, causal)
-        computed, skipped = _tile_counts_of(mask, causal, q.shape[-2], k.shape[-2], block_q, block_k)
-        res = BlockwiseResult(out, lse, computed, skipped)
+        counts: list[int] = []
+        out, lse = _BlockwiseFunction.apply(q, k, v, mask, sc, block_q, block_k, causal, backward_order, counts)
+        res = BlockwiseResult(out, lse, *counts)
     else:
         res = _forward(q, k, v, mask, sc, block_q, block_k, causal)
     if single:

@@ -3,12 +3,21 @@ r"""How much memory attention holds, and how close two evaluations must be (chap
 Companions of :mod:`attnlib.blockwise`, for its checks and its benchmark:
 
 - :func:`intermediate_bytes`: the bytes of the intermediates the naive and the blockwise
-  algorithm hold at their peak;
-- :func:`rounding_bound`, :func:`gradient_rounding_bound`: elementwise bounds on how far two
-  evaluations of attention, or of its gradients, may differ by rounding alone (another tile
-  size, another order of the sums, another library), derived from the computation.
+  algorithm hold at their peak; :func:`accumulator_dtype`, the dtype the tiles accumulate in;
+- :func:`rounding_bound`, :func:`gradient_rounding_bound`: elementwise worst-case bounds on
+  how far two evaluations of attention, or of its gradients, may differ by rounding alone
+  (another tile size, another order of the sums, another library), derived from the
+  computation; :func:`typical_rounding_bound`, the same count for the typical error, a
+  tolerance for gates; :func:`share_sum_bound` for the shares of a merge;
+  :func:`output_projection_bound` carries a bound on the heads through :math:`W^O`.
 
-Each is importable from :mod:`attnlib.blockwise` as well.
+Notation of every bound: :math:`u` = unit roundoff (``eps / 2``), :math:`\varepsilon` = ``eps``,
+:math:`\tau` = ``finfo(dtype).tiny`` (the smallest normal number),
+:math:`S = \max_{ij} \sum_l |q_{il} k_{jl}| \cdot \mathrm{scale}` (the largest score's sum of absolute
+terms), :math:`S^* = S + \ln n_k` (at least every :math:`|s_{ij}|` and :math:`|\mathrm{lse}_i|`). An
+operation is off by at most :math:`u` relative, ``exp`` and ``log`` by one ulp (:math:`2u`), an
+inner product of length :math:`n` by :math:`n u` relative to its terms (Higham 2002, section 3.1);
+the bounds are first order (they drop terms in :math:`u^2`) and assume finite scores.
 """
 
 from __future__ import annotations
@@ -21,128 +30,290 @@ from torch import Tensor
 from attnlib.checks import check_positive_int, check_tensor, format_shape
 from attnlib.attention import attention
 
-__all__ = ["intermediate_bytes", "rounding_bound", "gradient_rounding_bound"]
+__all__ = ["intermediate_bytes", "accumulator_dtype", "rounding_bound", "typical_rounding_bound",
+           "gradient_rounding_bound", "share_sum_bound", "output_projection_bound"]
+
+LAMBDA = 8.0  # typical_rounding_bound's lambda: a sum of n roundings stays within lambda sqrt(n) u
 
 
 # ---- memory -------------------------------------------------------------------------------------
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the tiles compute and accumulate in: float32 for float16 and bfloat16 inputs
+    (as FlashAttention keeps its running max, sum and output), the input's own otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def intermediate_bytes(
     n_q: int, n_k: int, d_v: int, *, block_q: int | None = None, block_k: int | None = None,
-    batch: int = 1, dtype: torch.dtype = torch.float32,
+    batch: int = 1, dtype: torch.dtype = torch.float32, d_k: int | None = None,
 ) -> int:
     r"""Bytes of the intermediates one attention call holds at its peak, inputs and output excluded.
 
-    - naive (``block_q`` and ``block_k`` None), :func:`attnlib.attention`: the scores and the
-      weights, two ``(n_q, n_k)`` matrices: :math:`2\, n_q n_k` numbers;
-    - blockwise: one tile of scores and one of exponentials, two ``(b_q, b_k)``, plus the
-      running state of one query tile, :math:`m, \ell` ``(b_q,)`` and the output accumulator
-      ``(b_q, d_v)``, plus the log-sum-exp kept for the backward, ``(n_q,)``:
-      :math:`2 b_q b_k + b_q (2 + d_v) + n_q` numbers.
+    - naive (``block_q`` and ``block_k`` None), :func:`attnlib.attention` without a mask: the
+      scores and the weights, two ``(n_q, n_k)`` matrices: :math:`2\, n_q n_k` numbers;
+    - blockwise, :func:`attnlib.blockwise.blockwise_attention`'s forward without a mask, at the
+      product :math:`P V` of a tile: the tile of scores, exponentiated in place, ``(b_q, b_k)``;
+      the output accumulator and the new :math:`P V`, two ``(b_q, d_v)``; five ``(b_q,)``
+      vectors (running max and sum, the new max, its shift, the rescale factor); the
+      log-sum-exp kept for the backward, ``(n_q,)``:
+      :math:`b_q b_k + 2 b_q d_v + 5 b_q + n_q` numbers of the accumulator dtype.
+      For float16 and bfloat16 inputs these are float32 (:func:`accumulator_dtype`), plus the
+      float32 copies of the query tile and of the value tile: :math:`b_q d_k + b_k d_v` more
+      (``d_k`` defaults to ``d_v``; the key tile's copy is freed once its scores are made).
 
-    Times ``batch`` (batch entries times heads) and the dtype's size. The temporaries of one
-    elementwise step (a rescale factor, a masked copy) are left out of both counts.
+    Times ``batch`` (batch entries times heads). A mask adds its tile (one byte per entry)
+    and a masked copy; they are left out. These are the tensors live at once; the
+    temporaries inside one kernel (a BLAS packing buffer) are not tensors and not counted.
     """
     for name, x in (("n_q", n_q), ("n_k", n_k), ("d_v", d_v), ("batch", batch)):
         check_positive_int(name, x)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    size = torch.finfo(dtype).bits // 8
     if (block_q is None) != (block_k is None):
         raise ValueError("give both block_q and block_k (blockwise) or neither (naive)")
     if block_q is None or block_k is None:
-        return batch * 2 * n_q * n_k * size
+        return batch * 2 * n_q * n_k * dtype.itemsize
     b_q = min(check_positive_int("block_q", block_q), n_q)
     b_k = min(check_positive_int("block_k", block_k), n_k)
-    return batch * (2 * b_q * b_k + b_q * (2 + d_v) + n_q) * size
+    numbers = b_q * b_k + 2 * b_q * d_v + 5 * b_q + n_q
+    acc = accumulator_dtype(dtype)
+    if acc != dtype:  # float32 copies of the half-precision tiles
+        width = d_v if d_k is None else check_positive_int("d_k", d_k)
+        numbers += b_q * width + b_k * d_v
+    return batch * numbers * acc.itemsize
 
 
 # ---- how close two evaluations must be -----------------------------------------------------------
-def rounding_bound(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None
-) -> tuple[Tensor, Tensor]:
-    r"""Elementwise bounds on how far two evaluations of attention may differ by rounding.
-
-    Write :math:`u` for the unit roundoff (``eps / 2``), :math:`S = \max_{ij} \sum_l |q_{il} k_{jl}|
-    \cdot \mathrm{scale}` for the largest score's sum of absolute terms. A score computed in any
-    order is off by at most :math:`d_k u S` (Higham 2002, section 3.1), which changes each weight
-    :math:`p_{ij} = e^{s_{ij} - \mathrm{lse}_i}` by a relative :math:`2 d_k u S` (its own score and
-    the shift). Summing the exponentials, one rescale per key block (at most :math:`n_k`), the
-    division and the weighted sum of the values add at most :math:`3 n_k u` relative, to first
-    order. So each evaluation is within :math:`u (2 d_k S + 3 n_k) (|P|\,|V|)_{ic}` of the exact
-    output, and two evaluations (another tile size, order, library) within twice that:
-
-    .. math::
-        |\mathrm{out}_a - \mathrm{out}_b|_{ic} \le \varepsilon\,(2 d_k S + 3 n_k)\,(|P|\,|V|)_{ic},
-        \qquad
-        |\mathrm{lse}_a - \mathrm{lse}_b|_i \le \varepsilon\,(d_k S + 2 n_k + |\mathrm{lse}_i|) .
-
-    The factor :math:`|P|\,|V|` (not the output's own size) matters: an output that is a small
-    difference of large values carries the rounding of the large ones.
-
-    Shapes: as :func:`attnlib.attention` (``q`` with its ``n_q`` axis); returns the bound on the
-    output ``(..., n_q, d_v)`` and on the log-sum-exp ``(..., n_q)``, in float64. It writes out
-    the ``n_q x n_k`` weights: a check for small problems.
-    """
+def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None
+           ) -> tuple[Tensor, Tensor, Tensor, Tensor, float, float, float, Tensor]:
+    """Float64 copies, the weights P (checks the arguments), scale, S, tiny, the exact lse."""
     if check_tensor("q", q).dim() < 2:
         raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
-    eps = torch.finfo(q.dtype).eps
     q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
     _, p = attention(q64, k64, v64, mask=mask, scale=scale)  # (..., n_q, n_k), checks the arguments
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    d_k, n_k = q.shape[-1], k.shape[-2]
     big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
-    out_bound = eps * (2 * d_k * big + 3 * n_k) * (p @ v64.abs())  # (..., n_q, d_v)
     s = (q64 @ k64.transpose(-2, -1)) * sc  # (..., n_q, n_k)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, -1)  # (..., n_q)
-    lse_bound = eps * (d_k * big + 2 * n_k + torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse)))
+    return q64, k64, v64, p, sc, big, torch.finfo(q.dtype).tiny, lse
+
+
+def _check_merges(merges: object) -> int:
+    if isinstance(merges, bool) or not isinstance(merges, int) or merges < 0:
+        raise ValueError(f"merges must be an int >= 0 (merges along the longest path), got {merges!r}")
+    return merges
+
+
+def rounding_bound(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None,
+    *, merges: int = 0,
+) -> tuple[Tensor, Tensor]:
+    r"""Elementwise worst-case bounds on how far two evaluations of attention may differ by rounding.
+
+    One evaluation, to first order (notation in the module docstring). A score is an inner
+    product of length :math:`d_k` and a scaling: off by :math:`(d_k + 1) u S`; the shift
+    :math:`s - m` adds :math:`u |s - m| \le 2 u S`. A softmax weight moves by twice its exponent's
+    error relative (:math:`2 (d_k + 3) u S`) and by twice the ``exp``'s ulp (:math:`4 u`). Then the
+    sums: written out, the row sum (:math:`n_k - 1`), the division (1) and :math:`P V`
+    (:math:`n_k`); tile by tile with :math:`T \le n_k` key blocks, the accumulator's path (its
+    block's product, one rescale and one addition per later block: at most :math:`n_k + T`), the
+    running sum's (:math:`n_k + T - 1`) and the division: at most :math:`4 n_k` roundings (a
+    rescale factor is shared by the sum and the accumulator and cancels in their ratio). So one
+    evaluation is within :math:`u\,(2 (d_k + 3) S + 4 n_k + 4)\,(|P|\,|V|)_{ic}` of the exact output.
+
+    ``merges``: partials (:func:`~attnlib.blockwise.attend_block`,
+    :func:`~attnlib.blockwise.split_k_attention`'s workers) merged along a path of that many
+    merges. Each part's log-sum-exp is off by :math:`\beta = u\,((d_k + 3) S + S^* + 2 n_k + 1 +
+    2 \ln n_k)`, which moves its share by up to :math:`2\beta`, and each merge adds the rounding of
+    its log-sum-exp, :math:`u (S^* + 6)`, of the shift and the ``exp`` of its shares,
+    :math:`u (2 S^* + 2)`, and of the product and sum, :math:`2u`.
+
+    Two evaluations (another tile size, order, library) differ by at most twice that:
+
+    .. math::
+        |o_a - o_b|_{ic} \le \varepsilon\,\big(2 (d_k + 3) S + 4 n_k + 4
+            + [\text{merges}]\, (2\beta/u + \text{merges}\,(3 S^* + 10))\big)\, (|P|\,|V|)_{ic}
+            + 4 (d_k + 1) \tau \max(1, \mathrm{scale}) (|P|\,|V|)_{ic}
+            + 2 (n_k + \text{merges})\, \tau\, (3 \max|V| + 2),
+
+    .. math::
+        |\mathrm{lse}_a - \mathrm{lse}_b|_i \le \varepsilon\,\big((d_k + 3) S + 2 n_k + 1 + 2 \ln n_k
+            + |\mathrm{lse}_i| + \text{merges}\, (S^* + 6)\big) .
+
+    The two :math:`\tau` terms are underflow: a weight, a product or a rescaled accumulator
+    below the smallest normal number may round to a subnormal or flush to 0 (absolute error
+    :math:`\tau` each), and tiny scores carry an absolute error. Without them the bound holds
+    only absent underflow. The factor :math:`|P|\,|V|` (not the output's own size) matters: an
+    output that is a small difference of large values carries the rounding of the large ones.
+
+    Shapes: as :func:`attnlib.attention` (``q`` with its ``n_q`` axis); returns the bound on the
+    output ``(..., n_q, d_v)`` and on the log-sum-exp ``(..., n_q)``, in float64, for the dtype of
+    ``q``. It writes out the ``n_q x n_k`` weights: a check for small problems.
+    """
+    merges = _check_merges(merges)
+    q64, k64, v64, p, sc, big, tiny, lse = _sizes(q, k, v, mask, scale)
+    eps = torch.finfo(q.dtype).eps
+    d_k, n_k = q.shape[-1], k.shape[-2]
+    star = big + math.log(n_k)  # S*
+    beta = (d_k + 3) * big + star + 2 * n_k + 1 + 2 * math.log(n_k)  # a part's lse, in u
+    count = 2 * (d_k + 3) * big + 4 * n_k + 4
+    if merges:
+        count += 2 * beta + merges * (3 * star + 10)
+    pv = p @ v64.abs()  # (..., n_q, d_v)
+    floor = 2 * (n_k + merges) * tiny * (3 * float(v64.abs().amax()) + 2)
+    out_bound = (eps * count + 4 * (d_k + 1) * tiny * max(1.0, sc)) * pv + floor
+    lse_abs = torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse))
+    lse_bound = eps * ((d_k + 3) * big + 2 * n_k + 1 + 2 * math.log(n_k) + lse_abs + merges * (star + 6))
     return out_bound, lse_bound
+
+
+def typical_rounding_bound(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None,
+    *, lam: float = LAMBDA,
+) -> Tensor:
+    r"""A tolerance for the *typical* rounding of two single-pass evaluations: a gate, not a proof.
+
+    :func:`rounding_bound` adds every rounding error with its worst sign, so it grows like
+    :math:`n_k u`. Rounding errors of opposite signs cancel: modelled as independent with mean
+    zero, a sum of :math:`n` of them stays within :math:`\lambda \sqrt{n}\, u` (relative to its
+    terms) except with a probability that falls like :math:`e^{-\lambda^2/2}` (Higham and Mary,
+    2019). The same count with each length :math:`n` replaced by :math:`\lambda \sqrt n` and each
+    single rounding by :math:`\lambda`:
+
+    .. math::
+        \varepsilon \lambda \big(2 (\sqrt{d_k} + 3) S + 2 \sqrt{2 n_k} + 5\big)\, (|P|\,|V|)_{ic}
+        + 2 n_k \tau (3 \max|V| + 2)
+
+    (underflow kept at its worst case). Meant as the gate before a timing: an error of one
+    dropped or wrong tile of keys exceeds it where the worst case would let it pass. A kernel
+    whose rounding errors are biased could exceed it too; the gate would then fail loudly.
+    Shapes and dtype as :func:`rounding_bound`; ``lam`` > 0 (default 8).
+    """
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam > 0:
+        raise ValueError(f"lam must be a number > 0, got {lam!r}")
+    q64, k64, v64, p, sc, big, tiny, _ = _sizes(q, k, v, mask, scale)
+    eps = torch.finfo(q.dtype).eps
+    d_k, n_k = q.shape[-1], k.shape[-2]
+    count = 2 * (math.sqrt(d_k) + 3) * big + 2 * math.sqrt(2 * n_k) + 5
+    floor = 2 * n_k * tiny * (3 * float(v64.abs().amax()) + 2)
+    return eps * lam * count * (p @ v64.abs()) + floor
+
+
+def share_sum_bound(lse: Tensor, parts: int, dtype: torch.dtype | None = None) -> Tensor:
+    r"""How far the shares :math:`e^{\mathrm{lse}_w - \mathrm{lse}}` of ``parts`` partials, computed
+    in ``dtype``, may sum from 1: :math:`u\,(|\mathrm{lse}| + 2K + 2 + 5 \ln K)`, :math:`K` = ``parts``.
+
+    Derivation, to first order: the log-sum-exp :math:`\hat L` of the parts' (computed)
+    :math:`\mathrm{lse}_w` is off by :math:`u |L|` (its last addition) plus :math:`u (2K + 2 \ln K)
+    + 2u (1 + \ln K)` (the shifts, ``exp``, the sum and the ``log``); the shares then sum to
+    :math:`e^{L - \hat L}` exactly, and their own shifts, ``exp`` and sum add :math:`u (\ln K + 2 + K
+    - 1)`. The :math:`u |L|` term grows with the scores: a share sum is a rounding-level 1 only
+    relative to the log-sum-exp's size. Shapes: ``lse`` the merged log-sum-exp ``(...)``; returns
+    ``(...)`` float64 (0 where ``lse`` is infinite: no share then).
+    """
+    lse = check_tensor("lse", lse)
+    check_positive_int("parts", parts)
+    dt = lse.dtype if dtype is None else dtype
+    u = torch.finfo(dt).eps / 2
+    size = torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse)).to(torch.float64)
+    return u * (size + 2 * parts + 2 + 5 * math.log(parts))
+
+
+def output_projection_bound(head_bound: Tensor, heads: Tensor, w_o: Tensor, b_o: Tensor | None = None
+                            ) -> Tensor:
+    r"""Carry a bound on two evaluations of the heads through :math:`y = \mathrm{Concat}(\text{heads})
+    W^O + b^O`.
+
+    .. math::
+        |y_a - y_b| \le |\Delta|\, |W^O| + \varepsilon\, (h d_v + 1)\, (|C|\, |W^O| + |b^O|)
+            + 2 (h d_v + 1) \tau,
+
+    with :math:`|\Delta|` the heads' bound concatenated and :math:`C` the concatenation: the
+    heads' difference goes through the product, and each evaluation's product (an inner
+    product of length :math:`h d_v`, then the bias) adds its own rounding, relative to its
+    terms, not to the result: under cancellation (heads that :math:`W^O` subtracts) the
+    result's size would be wrong. Shapes: ``heads``, ``head_bound`` ``(..., h, n, d_v)``;
+    ``w_o`` ``(h d_v, d_model)``; ``b_o`` ``(d_model,)``; returns ``(..., n, d_model)`` float64.
+    """
+    heads, head_bound, w_o = (check_tensor(n, t) for n, t in (("heads", heads), ("head_bound", head_bound),
+                                                              ("w_o", w_o)))
+    if heads.dim() < 3 or head_bound.shape != heads.shape:
+        raise ValueError(f"heads must have shape (..., h, n, d_v) and head_bound the same, got "
+                         f"{format_shape(heads)} and {format_shape(head_bound)}")
+    h, n, d_v = heads.shape[-3:]
+    if w_o.dim() != 2 or w_o.shape[0] != h * d_v:
+        raise ValueError(f"w_o must have shape ({h * d_v}, d_model) for {h} heads of width {d_v}, "
+                         f"got {format_shape(w_o)}")
+
+    def concat(t: Tensor) -> Tensor:  # (..., h, n, d_v) -> (..., n, h*d_v)
+        return t.detach().to(torch.float64).transpose(-3, -2).reshape(*t.shape[:-3], n, h * d_v)
+
+    w = w_o.detach().to(torch.float64).abs()
+    terms = concat(heads).abs() @ w  # (..., n, d_model)
+    if b_o is not None:
+        terms = terms + check_tensor("b_o", b_o).detach().to(torch.float64).abs()
+    finfo = torch.finfo(heads.dtype)
+    return concat(head_bound) @ w + finfo.eps * (h * d_v + 1) * terms + 2 * (h * d_v + 1) * finfo.tiny
 
 
 def gradient_rounding_bound(
     q: Tensor, k: Tensor, v: Tensor, d_out: Tensor, mask: Tensor | None = None,
     scale: float | None = None, d_lse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Elementwise bounds on how far two evaluations of the gradients may differ by rounding.
+    r"""Elementwise worst-case bounds on how far two evaluations of the gradients may differ.
 
     The backward computes :math:`dV = P^\top dO`, :math:`dP = dO\, V^\top`,
     :math:`D = \mathrm{rowsum}(dO \circ O) - d\mathrm{lse}`, :math:`dS = P \circ (dP - D)`
-    (times the scale), :math:`dQ = dS\, K`, :math:`dK = dS^\top Q`. Each is bounded as in
-    :func:`rounding_bound`, relative to the same formula evaluated on absolute values: the weights
-    carry the forward's relative error :math:`\varepsilon (2 d_k S + 3 n_k)`; :math:`dP` and
-    :math:`D` add inner products of width :math:`d_v` each, :math:`dQ` one of width :math:`n_k`,
-    :math:`dK` and :math:`dV` one of width :math:`n_q`:
+    (times the scale), :math:`dQ = dS\, K`, :math:`dK = dS^\top Q`. One evaluation, to first
+    order, in units of :math:`u` (notation in the module docstring): the weights are off by
+    :math:`\rho = (2 d_k + 6) S + 3 S^* + 2 n_k + 5 + 2 \ln n_k` relative (recomputed from the
+    saved log-sum-exp: the score, the log-sum-exp's error, the shift and ``exp``; or the
+    softmax's own); :math:`D` by :math:`\max(\alpha + d_v, \rho + d_v + n_k)` relative to
+    :math:`\mathrm{rowsum}(|dO| \circ P|V|)` (from the output, :math:`\alpha = 2 (d_k + 3) S + 4 n_k + 4`
+    as in :func:`rounding_bound`, or from :math:`\sum_j P_{ij} dP_{ij}`); :math:`dP` by :math:`d_v`;
+    the two subtractions, the product and the scale add 4; then the final product, of
+    length :math:`n_k` (:math:`dQ`) or :math:`n_q` (:math:`dK`, :math:`dV`), and one more scaling. So
 
     .. math::
-        |dQ_a - dQ_b| \le \varepsilon\, w\, (|dS|_{\text{terms}}\, |K|), \quad
-        w = 2 d_k S + 3 n_k + 2 d_v + n_k + n_q,
+        |dQ_a - dQ_b| \le \varepsilon\, w\, (|dS|_{\text{terms}}\, |K|) + \text{underflow}, \quad
+        w = \rho + d_v + \max(\alpha + d_v, \rho + d_v + n_k) + 5 + \max(n_k, n_q),
 
-    with :math:`|dS|_{\text{terms}} = P \circ (|dO|\,|V|^\top + \mathrm{rowsum}(|dO| \circ P|V|) + |d\mathrm{lse}|)
-    \cdot \mathrm{scale}`, and likewise :math:`|dS|_{\text{terms}}^\top |Q|` for :math:`dK`,
-    :math:`P^\top |dO|` for :math:`dV`.
+    with :math:`|dS|_{\text{terms}} = P \circ (|dO|\,|V|^\top + \mathrm{rowsum}(|dO| \circ P|V|) +
+    |d\mathrm{lse}|) \cdot \mathrm{scale}`, and likewise :math:`|dS|_{\text{terms}}^\top |Q|` for
+    :math:`dK`, :math:`P^\top |dO|` for :math:`dV`. Underflow (a weight, a product below
+    :math:`\tau`): :math:`2 n_q \tau (\max|dO| + 1)` for :math:`dV`, and
+    :math:`2 n \tau ((X \mathrm{scale} + 2) \max|K| + 1)` for :math:`dQ` (:math:`n = n_k`; for
+    :math:`dK`, :math:`n = n_q` and :math:`\max|Q|`), :math:`X` the largest
+    :math:`|dS|_{\text{terms}} / P` before the scale.
 
     Shapes: ``q`` ``(..., n_q, d_k)``, ``k`` ``(..., n_k, d_k)``, ``v`` ``(..., n_k, d_v)``,
     ``d_out`` ``(..., n_q, d_v)``, ``d_lse`` ``(..., n_q)`` or None. Returns the bounds for
     ``dq, dk, dv`` (shapes of the broadcast ``q, k, v``), float64; writes out ``P``.
     """
-    if check_tensor("q", q).dim() < 2:
-        raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
-    eps = torch.finfo(q.dtype).eps
-    q64, k64, v64, do = (t.detach().to(torch.float64) for t in (q, k, v, check_tensor("d_out", d_out)))
-    _, p = attention(q64, k64, v64, mask=mask, scale=scale)  # (..., n_q, n_k)
+    q64, k64, v64, p, sc, big, tiny, _ = _sizes(q, k, v, mask, scale)
+    do = check_tensor("d_out", d_out).detach().to(torch.float64)
     if do.shape != p.shape[:-1] + v64.shape[-1:]:
         raise ValueError(f"d_out must have the output's shape {format_shape(p.shape[:-1] + v64.shape[-1:])}, "
                          f"got {format_shape(d_out)}")
-    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    eps = torch.finfo(q.dtype).eps
     n_q, d_k = q.shape[-2], q.shape[-1]
     n_k, d_v = k.shape[-2], v.shape[-1]
-    big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
-    w = eps * (2 * d_k * big + 3 * n_k + 2 * d_v + n_k + n_q)
+    star = big + math.log(n_k)
+    rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
+    alpha = 2 * (d_k + 3) * big + 4 * n_k + 4
+    w = eps * (rho + d_v + max(alpha + d_v, rho + d_v + n_k) + 5 + max(n_k, n_q))
     dp_terms = do.abs() @ v64.abs().transpose(-2, -1)  # (..., n_q, n_k)
     d_terms = (do.abs() * (p @ v64.abs())).sum(-1, keepdim=True)  # (..., n_q, 1)
     if d_lse is not None:
         d_terms = d_terms + d_lse.detach().to(torch.float64).abs()[..., None]
-    ds_terms = p * (dp_terms + d_terms) * sc  # (..., n_q, n_k)
-    return (w * (ds_terms @ k64.abs()),  # (..., n_q, d_k)
-            w * (ds_terms.transpose(-2, -1) @ q64.abs()),  # (..., n_k, d_k)
-            w * (p.transpose(-2, -1) @ do.abs()))  # (..., n_k, d_v)
+    x = dp_terms + d_terms  # (..., n_q, n_k): |dP - D| at most
+    ds_terms = p * x * sc  # (..., n_q, n_k)
+    xs = float(x.amax()) * sc + 2
+    under_q = 2 * n_k * tiny * (xs * float(k64.abs().amax()) + 1)
+    under_k = 2 * n_q * tiny * (xs * float(q64.abs().amax()) + 1)
+    under_v = 2 * n_q * tiny * (float(do.abs().amax()) + 1)
+    return (w * (ds_terms @ k64.abs()) + under_q,  # (..., n_q, d_k)
+            w * (ds_terms.transpose(-2, -1) @ q64.abs()) + under_k,  # (..., n_k, d_k)
+            w * (p.transpose(-2, -1) @ do.abs()) + under_v)  # (..., n_k, d_v)
