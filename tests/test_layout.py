@@ -35,6 +35,7 @@ CHAPTER = {
     "attnlib.audit": 9,
     "attnlib.blockwise": 10,
     "attnlib.blockwise_bounds": 10,
+    "attnlib.blockwise_io": 10,  # bytes held (measured) and moved between HBM and SRAM (simulated)
     "attnlib.induction": 11,
     "attnlib.induction.explorer": 99,  # the composition map, built on the explorers machinery
     "attnlib.explorers": 99,  # interactive figures of every chapter
