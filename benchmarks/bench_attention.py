@@ -5,10 +5,14 @@ converted with ``attnlib.interop``), every variant's output (and attention weigh
 and input gradient when timing the backward pass) is checked against attnlib's
 **before** anything is timed, and times are **medians of interleaved rounds**: each
 round runs every variant once, in turn, so a slow spell on a shared machine hits all
-variants alike. Each of those runs is one call timed by ``torch.utils.benchmark.Timer``,
-which warms the variant up (two untimed calls) just before it and runs both with the
-requested number of torch threads. Ratios are also given as the median of per-round ratios against
-``torch.nn.MultiheadAttention`` returning the same thing (weights or not).
+variants alike. Each of those runs is one call timed by ``benchmarks/harness.py`` (the
+harness ``bench_blockwise.py`` uses too), after two untimed calls, with the requested number
+of torch threads. Ratios are also given as the median of per-round ratios against
+``torch.nn.MultiheadAttention`` returning the same thing (weights or not). The variants that
+call ``scaled_dot_product_attention`` (``per_head_loop_sdpa``, ``attnlib_noweights``, ``sdpa``)
+are checked under ``torch.nn.attention.sdpa_kernel`` with the fused kernels only (on a CPU,
+FlashAttention's), so none of them can fall back to the math path, which writes out the
+``n x n`` weights, and be timed under a fused name.
 
 Variants (self-attention, ``query is key is value``):
 
@@ -16,7 +20,8 @@ Variants (self-attention, ``query is key is value``):
 ``per_head_loop``        ``attnlib.SeparateHeadsAttention``: h small projections per role, a loop,
                          explicit softmax per head (``attnlib.attention``)
 ``per_head_loop_sdpa``   the same loop and small projections, ``F.scaled_dot_product_attention``
-                         per head
+                         per head, on ``(B, 1, n, d_k)`` (4-D: its fused kernel; on 3-D inputs
+                         torch runs the math path)
 ``attnlib``              ``attnlib.MultiHeadAttention``, attention weights returned
 ``attnlib_noweights``    ``attnlib.MultiHeadAttention(..., need_weights=False)`` (SDPA inside)
 ``packed_qkv``           one ``nn.Linear(d, 3d)`` as nanoGPT's ``c_attn``, explicit softmax
@@ -72,6 +77,11 @@ The committed results in ``benchmarks/results/`` come from the book's build mach
 - ``cpu_decoding.csv``: ``--decoding --threads 1 --clock cpu --rounds 5`` (one decoding step and a prefill
   for MHA, GQA, MQA and MLA, with cache bytes per token). The caches append with ``torch.cat``, so each
   timed step also copies the whole cache, in proportion to its bytes; a preallocated cache would not.
+
+These three files were measured before the harness above replaced ``torch.utils.benchmark.Timer``
+and before ``per_head_loop_sdpa`` passed 4-D inputs: in ``cpu_sweep.csv`` its SDPA calls got
+``(B, n, d_k)`` and ran the math path, so its rows measure a loop over the math path, not over
+the fused kernel that the ``sdpa`` variant runs.
 """
 
 from __future__ import annotations
@@ -85,7 +95,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +102,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import sdpa_kernel
 
 try:
     import attnlib  # noqa: F401
@@ -101,6 +111,10 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 from attnlib import MultiHeadAttention, SeparateHeadsAttention
 from attnlib.interop import write_packed_linear
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # imported by path (the book, the tests)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Sample, fused_backends, interleaved, measure  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"  # the committed results
 
@@ -116,6 +130,7 @@ VARIANTS = [
     "merged_qk",
 ]
 RETURNS_WEIGHTS = {"attnlib", "torch_mha", "merged_qk"}
+CALLS_SDPA = {"per_head_loop_sdpa", "attnlib_noweights", "sdpa"}  # checked under the fused kernels only
 TARGET_VARIANTS = ["attnlib", "torch_mha", "attnlib_noweights", "torch_mha_noweights"]
 FIELDS = [
     "device", "device_name", "threads", "clock", "dtype", "torch", "mode", "B", "n", "d_model", "h", "d_k",
@@ -160,7 +175,8 @@ def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
             q_i, k_i, v_i = x @ sep.w_q[i], x @ sep.w_k[i], x @ sep.w_v[i]  # (B, n, d_k)
             if sep.b_q is not None:
                 q_i, k_i, v_i = q_i + sep.b_q[i], k_i + sep.b_k[i], v_i + sep.b_v[i]  # type: ignore[index]
-            heads.append(F.scaled_dot_product_attention(q_i, k_i, v_i))  # (B, n, d_k)
+            # 4-D (B, 1, n, d_k): on (B, n, d_k) torch would run its math path, not the fused kernel
+            heads.append(F.scaled_dot_product_attention(q_i[:, None], k_i[:, None], v_i[:, None])[:, 0])
         out = torch.cat(heads, dim=-1) @ sep.w_o  # (B, n, d)
         return (out if sep.b_o is None else out + sep.b_o), None
 
@@ -210,30 +226,13 @@ def build_variants(mha: MultiHeadAttention) -> dict[str, Variant]:
     }
 
 
-def wall_clock() -> float:
-    """``torch.utils.benchmark``'s wall clock, which synchronises an accelerator before each
-    reading. Imported on first use: importing ``torch.utils.benchmark`` loads
-    ``torch.utils.cpp_extension``, which logs a warning on a CUDA build of torch without a
-    CUDA runtime, and the book reads this module's results without timing anything."""
-    from torch.utils.benchmark.utils.timer import timer
-
-    return float(timer())
+def seconds(sample: Sample, clock: str) -> float:
+    """The time of one harness sample on ``clock``: ``"cpu"`` (user + system) or ``"wall"``."""
+    return sample.cpu if clock == "cpu" else sample.wall
 
 
-def timed_once(fn: Callable[[], object], clock: Callable[[], float], threads: int, setup: str = "pass",
-               **names: object) -> float:
-    """Seconds of one call of ``fn`` after a warm-up, by ``torch.utils.benchmark.Timer``.
-
-    The Timer runs ``setup`` (untimed), then warms up with two calls, runs ``setup`` again
-    and times one call, all with ``threads`` torch threads (restored afterwards); ``clock``
-    reads the time (``wall_clock`` synchronises an accelerator before each reading). One
-    call per measurement, so that the callers can interleave the variants round by round
-    and take medians over the rounds themselves. ``names``: more globals for ``setup``.
-    """
-    from torch.utils import benchmark  # on first use: see wall_clock
-
-    timer = benchmark.Timer(stmt="fn()", setup=setup, globals={"fn": fn, **names}, timer=clock, num_threads=threads)
-    return timer.timeit(number=1).times[0]
+def _sync(device: torch.device) -> Callable[[], object] | None:
+    return torch.cuda.synchronize if device.type == "cuda" else None
 
 
 def make_step(v: Variant, x: Tensor, mode: str) -> Callable[[], tuple[Tensor, Tensor | None]]:
@@ -267,7 +266,11 @@ def check_agreement(variants: dict[str, Variant], x: Tensor, mode: str, names: l
     ref_out, ref_w = make_step(variants["attnlib"], x, mode)()
     ref_dx = None if x.grad is None else x.grad.clone()
     for name in names:
-        out, w = make_step(variants[name], x, mode)()
+        if name in CALLS_SDPA:  # its SDPA calls may only run a fused kernel: a math-path fallback fails here
+            with sdpa_kernel(fused_backends(x.device)):
+                out, w = make_step(variants[name], x, mode)()
+        else:
+            out, w = make_step(variants[name], x, mode)()
         torch.testing.assert_close(out, ref_out, **tol, msg=lambda m: f"{name} ({mode}): output differs: {m}")
         if w is not None:
             assert ref_w is not None
@@ -297,10 +300,10 @@ def forward_gflop(B: int, n: int, d: int) -> float:
 
 def time_config(
     B: int, n: int, d: int, h: int, mode: str, names: list[str], rounds: int,
-    device: torch.device, dtype: torch.dtype, clock: Callable[[], float], threads: int, seed: int = 0,
+    device: torch.device, dtype: torch.dtype, clock: str, threads: int, seed: int = 0,
 ) -> dict[str, list[float]]:
-    """Per-round times (seconds) of each variant, interleaved, after checking agreement;
-    each one call after a warm-up, with ``threads`` torch threads (:func:`timed_once`)."""
+    """Per-round times (seconds on ``clock``) of each variant, interleaved, after checking
+    agreement; each one call after two warm-up calls, with ``threads`` torch threads."""
     torch.manual_seed(seed)
     mha = MultiHeadAttention(d, h, device=device, dtype=dtype)
     variants = build_variants(mha)
@@ -309,14 +312,10 @@ def time_config(
             m.train(mode == "train")
     x = torch.randn(B, n, d, device=device, dtype=dtype, requires_grad=(mode == "train"))
     check_agreement(variants, x, mode, names)
-    steps = {name: make_step(variants[name], x, mode) for name in names}
+    steps: dict[str, Callable[[], object]] = {name: make_step(variants[name], x, mode) for name in names}
     steps[GEMM] = reference_gemm(device, dtype)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for r in range(rounds):
-        order = list(steps)[r % len(steps):] + list(steps)[: r % len(steps)]  # rotate who goes first
-        for name in order:
-            times[name].append(timed_once(steps[name], clock, threads))
-    return times
+    samples = interleaved(steps, rounds, threads=threads, warmup=2, sync=_sync(device))  # rotating who goes first
+    return {name: [seconds(t, clock) for t in ts] for name, ts in samples.items()}
 
 
 def summarise(times: dict[str, list[float]], meta: dict[str, object], gflop: float) -> list[dict[str, object]]:
@@ -407,12 +406,12 @@ def _decode_call(module: nn.Module, facts: dict[str, object], x: Tensor, cache: 
 
 def time_decoding(
     B: int, n_ctx: int, d: int, h: int, rounds: int, device: torch.device, dtype: torch.dtype,
-    clock: Callable[[], float], threads: int, d_c: int, d_r: int, seed: int = 0,
+    clock: str, threads: int, d_c: int, d_r: int, seed: int = 0,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, object]]]:
-    """Per-round times of a decoding step and of a prefill, for every variant, interleaved;
-    each one call after a warm-up, with ``threads`` torch threads (:func:`timed_once`). A
-    step reads a cache prefilled with ``n_ctx`` positions (untimed, afresh for the timed
-    call), a prefill starts from an empty cache."""
+    """Per-round times (seconds on ``clock``) of a decoding step and of a prefill, for every
+    variant, interleaved; each one call after two warm-up calls, with ``threads`` torch
+    threads. A step reads a cache prefilled with ``n_ctx`` positions (untimed, afresh before
+    every call), a prefill starts from an empty cache."""
     from attnlib import DecoderAttention, KVCache, LatentAttention, LatentCache
 
     torch.manual_seed(seed)
@@ -447,22 +446,30 @@ def time_decoding(
             facts_out[name] = dict(variants[name][1])
             facts_out[name]["cache_bytes_per_token"] = c.nbytes // (B * n_ctx)  # type: ignore[attr-defined]
         times: dict[str, dict[str, list[float]]] = {"decode_step": {n: [] for n in variants}, "prefill": {n: [] for n in variants}}
-        for r in range(rounds):
-            names = list(variants)
-            names = names[r % len(names):] + names[: r % len(names)]
-            for name in names:
-                module, facts = variants[name]
-                box: list[object] = []  # the prefilled cache of the call to time, made by the untimed setup
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            for r in range(rounds):
+                names = list(variants)
+                names = names[r % len(names):] + names[: r % len(names)]
+                for name in names:
+                    module, facts = variants[name]
+                    box: list[object] = []  # the prefilled cache of the call to time, made by the untimed setup
 
-                def step(module: nn.Module = module, facts: dict[str, object] = facts, box: list[object] = box) -> Tensor:
-                    return _decode_call(module, facts, step_x, box[0])
+                    def step(module: nn.Module = module, facts: dict[str, object] = facts, box: list[object] = box) -> Tensor:
+                        return _decode_call(module, facts, step_x, box[0])
 
-                def prefill(module: nn.Module = module, facts: dict[str, object] = facts) -> Tensor:
-                    return _decode_call(module, facts, prompt, fresh_cache(module))
+                    def prefill(module: nn.Module = module, facts: dict[str, object] = facts) -> Tensor:
+                        return _decode_call(module, facts, prompt, fresh_cache(module))
 
-                times["decode_step"][name].append(timed_once(
-                    step, clock, threads, setup="box[:] = [prefilled(name)]", box=box, prefilled=prefilled, name=name))
-                times["prefill"][name].append(timed_once(prefill, clock, threads))
+                    def setup(box: list[object] = box, name: str = name) -> None:
+                        box[:] = [prefilled(name)]
+
+                    sync = _sync(device)
+                    times["decode_step"][name].append(seconds(measure(step, warmup=2, setup=setup, sync=sync), clock))
+                    times["prefill"][name].append(seconds(measure(prefill, warmup=2, sync=sync), clock))
+        finally:
+            torch.set_num_threads(before)
     return times, facts_out
 
 
@@ -471,8 +478,7 @@ def run_decoding(
     clock_name: str, threads: int, out: Path, d_c: int, d_r: int,
 ) -> list[dict[str, object]]:
     """Time the decoding variants, print a table and write ``out`` (CSV)."""
-    clock = time.process_time if clock_name == "cpu" else wall_clock
-    times, facts = time_decoding(B, n_ctx, d, h, rounds, device, dtype, clock, threads, d_c, d_r)
+    times, facts = time_decoding(B, n_ctx, d, h, rounds, device, dtype, clock_name, threads, d_c, d_r)
     date = datetime.date.today().isoformat()
     rows: list[dict[str, object]] = []
     for mode, per_variant in times.items():
@@ -555,10 +561,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clock cpu sums the CPU time of all the process's threads: use it with --threads 1")
     kind = "decoding" if a.decoding else "target" if a.target else "sweep"
     out = output_path(p, a, f"{device.type}_{kind}.csv")
-    # the timed calls run with this many threads (torch.utils.benchmark.Timer sets and restores it)
+    # the timed calls run with this many threads (the harness sets and restores it)
     threads = a.threads or torch.get_num_threads()
     dtype = getattr(torch, a.dtype)
-    clock = time.process_time if a.clock == "cpu" else wall_clock
     if a.decoding:
         n_ctx, rounds = (32, 2) if a.quick else (a.n_ctx, a.rounds)
         d_model, h = (64, 4) if a.quick else (a.d_model, a.heads_at_lengths)
@@ -589,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     date = datetime.date.today().isoformat()
     for mode in a.modes:
         for n, h in configs:
-            times = time_config(a.batch, n, a.d_model, h, mode, names, a.rounds, device, dtype, clock, threads)
+            times = time_config(a.batch, n, a.d_model, h, mode, names, a.rounds, device, dtype, a.clock, threads)
             gflop = forward_gflop(a.batch, n, a.d_model) * (3 if mode == "train" else 1)
             meta = {"device": device.type, "device_name": name, "threads": threads, "clock": a.clock,
                     "dtype": a.dtype, "torch": torch.__version__, "mode": mode, "B": a.batch, "n": n,
