@@ -282,7 +282,7 @@ def _flash2(c: SRAM, n: int, d: int, b_r: int, b_c: int, scale: float) -> None:
         c.free(q_i, o_i, l_i, m_i, lse)
 
 
-def _row_terms(c: SRAM, n: int, b: int) -> None:
+def _d_pass(c: SRAM, n: int, b: int) -> None:
     """The backward's first pass: D = rowsum(dO * O), read O and dO, write D."""
     c.allocate("D", n, 1)
     for r_i in _tiles(n, b):
@@ -300,9 +300,9 @@ def _grad_tile(c: SRAM, q: Block, k: Block, v: Block, do: Block, lse: Block, dd:
     return p, ds
 
 
-def _backward_q_outer(c: SRAM, n: int, d: int, b_out: int, b_in: int, scale: float) -> None:
+def _bwd_q_outer(c: SRAM, n: int, d: int, b_out: int, b_in: int, scale: float) -> None:
     """Query tiles outside: dQ_i stays on chip; dK_j and dV_j are read and written at every tile."""
-    _row_terms(c, n, b_out)
+    _d_pass(c, n, b_out)
     for name in ("dQ", "dK", "dV"):
         c.allocate(name, n, d)
     for name in ("dK", "dV"):  # start from zeros in HBM
@@ -327,10 +327,10 @@ def _backward_q_outer(c: SRAM, n: int, d: int, b_out: int, b_in: int, scale: flo
         c.free(q_i, do_i, lse_i, d_i, dq_i)
 
 
-def _backward_kv_outer(c: SRAM, n: int, d: int, b_out: int, b_in: int, scale: float) -> None:
+def _bwd_kv_outer(c: SRAM, n: int, d: int, b_out: int, b_in: int, scale: float) -> None:
     """Key/value tiles outside (FlashAttention's): dK_j, dV_j stay on chip; dQ_i is read and
     written at every tile (on a GPU, an atomic add)."""
-    _row_terms(c, n, b_in)
+    _d_pass(c, n, b_in)
     for name in ("dQ", "dK", "dV"):
         c.allocate(name, n, d)
     for r_i in _tiles(n, b_in):  # dQ starts from zeros in HBM
@@ -382,7 +382,7 @@ def block_sizes(algorithm: str, n: int, d: int, sram_bytes: int, itemsize: int =
 
 
 _RUN = {"standard": _standard, "flash": _flash, "flash2": _flash2,
-        "backward_q_outer": _backward_q_outer, "backward_kv_outer": _backward_kv_outer}
+        "backward_q_outer": _bwd_q_outer, "backward_kv_outer": _bwd_kv_outer}
 
 
 def count_io(algorithm: str, n: int, d: int, sram_bytes: int, itemsize: int = 2) -> IOCount:

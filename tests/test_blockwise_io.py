@@ -105,3 +105,21 @@ def test_sram_and_block_sizes_refuse_what_cannot_run() -> None:
     with pytest.raises(ValueError, match="q, k and v must all have one shape"):
         simulate("flash", torch.zeros(8, 4), torch.zeros(9, 4), torch.zeros(8, 4), sram_bytes=1000)
     assert math.isqrt(64 * 64 + 1000) - 64 == block_sizes("standard", 10, 64, 2000)[0]
+
+
+def test_io_scaling_draws_the_points_and_lines_given() -> None:
+    from attnlib import plots
+
+    fig = plots.io_scaling({"flash": ([0.25, 0.5], [3.0, 6.0])}, {"12 x": ([0.25, 0.5], [3.0, 6.0])},
+                           "d^2 / M", "moved / N^2")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert ax.collections[0].get_offsets().tolist() == [[0.25, 3.0], [0.5, 6.0]]
+    assert ax.lines[0].get_xydata().tolist() == [[0.25, 3.0], [0.5, 6.0]]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["flash", "12 x"]
+    with pytest.raises(ValueError, match="points must hold at least one group"):
+        plots.io_scaling({})
+    with pytest.raises(ValueError, match="'a': a log-log plot needs positive x and y"):
+        plots.io_scaling({"a": ([0.0], [1.0])})
+    with pytest.raises(ValueError, match="'a': x and y must be 1-D of one non-zero length"):
+        plots.io_scaling({"a": ([1.0, 2.0], [1.0])})

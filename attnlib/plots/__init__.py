@@ -12,7 +12,7 @@ The helpers live by chapter: :mod:`~attnlib.plots.maps` (chapters 1-4),
 from attnlib.plots.learned import rank_sweep, signed_heatmap
 from attnlib.plots.maps import attention_map, attention_maps, head_blocks, line_plot, singular_values
 from attnlib.plots.measures import benchmark_panels, block_heatmap, spectra_groups, strip_plot
-from attnlib.plots.memory import cache_bytes, online_softmax_steps
+from attnlib.plots.memory import cache_bytes, io_scaling, online_softmax_steps
 
 __all__ = [
     # chapters 1-4
@@ -32,4 +32,5 @@ __all__ = [
     # chapters 8 and 10
     "cache_bytes",
     "online_softmax_steps",
+    "io_scaling",
 ]

@@ -1,6 +1,9 @@
-"""Figures of chapters 8 and 10: the bytes a cache holds per token, the online softmax's steps."""
+"""Figures of chapters 8 and 10: the bytes a cache holds per token, the online softmax's steps,
+the bytes attention moves between HBM and SRAM."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -9,7 +12,7 @@ from matplotlib.figure import Figure
 
 from attnlib.plots.common import figure_and_axes, finish_figure, to_numpy
 
-__all__ = ["cache_bytes", "online_softmax_steps"]
+__all__ = ["cache_bytes", "online_softmax_steps", "io_scaling"]
 
 
 def cache_bytes(
@@ -87,4 +90,38 @@ def online_softmax_steps(
     ax.axhline(0, color="0.3", linewidth=0.6)
     ax.set_xticks(range(n), [str(j) for j in range(n)])
     finish_figure(ax, "key j (visited left to right, in blocks)", "score $s_j$", title, grid="y")
+    return fig
+
+
+def io_scaling(
+    points: dict[str, tuple[Sequence[float], Sequence[float]]],
+    lines: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+    xlabel: str = "x",
+    ylabel: str = "y",
+    ax: Axes | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Log-log scatter, one group of markers per entry of ``points`` (label -> (x, y)), and a
+    dashed reference line per entry of ``lines`` (label -> (x, y)): chapter 10's bytes moved
+    by each algorithm against the quantity a theorem says they grow with."""
+    if not points:
+        raise ValueError("points must hold at least one group (label -> (x, y)), got none")
+    groups = {**points, **(lines or {})}
+    for label, (x, y) in groups.items():
+        xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        if xs.shape != ys.shape or xs.ndim != 1 or xs.size == 0:
+            raise ValueError(f"{label!r}: x and y must be 1-D of one non-zero length, got {xs.shape} and {ys.shape}")
+        if not ((xs > 0).all() and (ys > 0).all()):
+            raise ValueError(f"{label!r}: a log-log plot needs positive x and y")
+    fig, ax = figure_and_axes(ax, (5.6, 3.8))
+    for c, (label, (x, y)) in enumerate(points.items()):
+        ax.scatter(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), s=18, color=f"C{c}", label=label)
+    for c, (label, (x, y)) in enumerate((lines or {}).items()):
+        order = np.argsort(np.asarray(x, dtype=np.float64))
+        ax.plot(np.asarray(x, dtype=np.float64)[order], np.asarray(y, dtype=np.float64)[order], linestyle="--",
+                linewidth=1, color=f"C{c}", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    finish_figure(ax, xlabel, ylabel, title)
+    ax.legend(fontsize="small")
     return fig
