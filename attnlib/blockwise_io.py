@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from attnlib._core import check_positive_int, check_tensor
+from attnlib.checks import check_positive_int, check_tensor
 
 __all__ = ["peak_live_bytes", "SRAM", "Block", "IOCount", "ALGORITHMS", "block_sizes", "count_io", "simulate",
            "io_formula"]
