@@ -46,7 +46,7 @@ def test_peak_live_bytes_leaves_out_inputs_and_output_and_sees_frees() -> None:
 
 
 # ---- bytes moved -----------------------------------------------------------------------------------------
-@examples(15)
+@examples(10)
 @given(st.sampled_from(ALGORITHMS), st.integers(5, 70), st.integers(1, 9), st.integers(40, 900),
        st.sampled_from([2, 4]), st.integers(0, 2**16))
 def test_simulated_algorithms_compute_attention_and_count_their_formula(
