@@ -53,7 +53,8 @@ file exists (the committed results are replaced only by naming them in ``--out``
 never writes into ``benchmarks/results/``.
 
 The committed ``results/cpu_blockwise.csv`` comes from the book's build machine: 2 CPU cores
-shared with other jobs, PyTorch 2.13 CPU build, ``--threads 1 --rounds 5``. No GPU was available
+shared with other jobs (load average 10 to 16 during the run, so single rounds scattered by
+6 to 38 percent), PyTorch 2.13 CPU build, ``--threads 1 --rounds 5``. No GPU was available
 to the book, so there is no GPU row; ``--device cuda`` times ``sdpa_flash`` (backend asserted)
 against ``written_out`` on a GPU, with the wall clock around ``torch.cuda.synchronize()`` and the
 growth of ``torch.cuda.max_memory_allocated`` as memory; it has not been run.
