@@ -215,7 +215,10 @@ def rope_angle_error(
     (:func:`rope_frequency_error`) and one rounding of the product,
 
     .. math::  |\hat\theta_{p,\ell} - p\,\omega_\ell| \le
-        |p|\,\omega_\ell\,\gamma_{t_\ell \ln(\text{base}) + 4} .
+        |p|\,\omega_\ell\,\gamma_{t_\ell \ln(\text{base}) + 4} ,
+
+    and one rounding more where the position itself is not exact in ``dtype`` (beyond
+    :math:`2^{24}` in float32, where Hugging Face casts its positions).
 
     Per radian of angle that is :math:`(t_\ell \ln \text{base} + 4)\,u`, up to about
     :math:`6.6\,\varepsilon` for base 10000, more than one :math:`\varepsilon` wherever
@@ -237,7 +240,8 @@ def rope_angle_error(
     omega = rope_inv_freq(d_k, base, dtype=torch.float64)  # (d_k/2,)
     u = torch.finfo(dtype).eps / 2
     p = positions.to(torch.float64).abs()[..., None]  # (..., n, 1)
-    return p * omega * (rel + u + rel * u)  # (..., n, d_k/2)
+    inexact = (p > 1 / u).to(torch.float64)  # (..., n, 1): the position rounds too
+    return p * omega * (rel + (1 + inexact) * u * (1 + rel))  # (..., n, d_k/2)
 
 
 def rope_merged_bound(w_q: Tensor, w_k: Tensor, p: int, j: int, base: float = 10000.0) -> Tensor:
