@@ -33,7 +33,7 @@ from attnlib.multihead import Device, DType
 from attnlib.records import AttentionWeights, record_tensors
 
 __all__ = ["sinusoidal_positions", "ScoreTerms", "score_terms", "score_terms_bound", "alibi_slopes", "alibi_bias",
-           "AlibiAttention"]
+           "AlibiWeights", "AlibiAttention"]
 
 
 def sinusoidal_positions(
