@@ -9,8 +9,7 @@ from torch import Tensor, nn
 
 from attnlib.checks import check_positive_int, warn_dropout
 from attnlib.decoding.grouped import GroupedAttentionWeights
-from attnlib.decoding.rope import rope_inv_freq
-from attnlib.rounding import rounding_tolerance
+from attnlib.decoding.rope import rope_frequency_error, rope_inv_freq
 
 # Llama's layer: four nn.Linear, grouped keys and values, RoPE. Read into (and written
 # from) GroupedAttentionWeights; DecoderAttention.from_grouped_projections builds the module.
@@ -134,9 +133,11 @@ def read_llama(
             raise ValueError(f"attn has RoPE frequencies ({name}) but no rope_base: pass rope_base=")
         want = rope_inv_freq(d_k, rope_base, dtype=torch.float64)  # (d_k/2,)
         got = inv_freq.detach().to(torch.float64).flatten()
-        # computed in float32 by a power, a division and a cast: a few float32 roundings
-        tol = rounding_tolerance(torch.float32, 8)
-        if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=0.0):
+        # Hugging Face computes base ** (2l / d_k) in float32: the rounding of the exponent
+        # 2l/d_k is amplified by ln(base) in the power (13 for Llama 3's 500000), then the power
+        # and the division round; rope_frequency_error counts it, for theirs and for ours
+        tol = rope_frequency_error(d_k, rope_base, torch.float32) + rope_frequency_error(d_k, rope_base)
+        if got.shape != want.shape or not bool(((got - want).abs() <= tol * want / (1 - tol)).all()):
             raise ValueError(
                 f"attn.{name} holds RoPE frequencies other than rope_base={rope_base:g}'s for d_k={d_k} "
                 f"(scaled or another layout): read_llama reads the default RoPE only"
