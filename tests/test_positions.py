@@ -88,23 +88,35 @@ def test_four_terms_add_up_to_the_score(n_q: int, n_k: int, d_model: int, d_k: i
     torch.testing.assert_close(terms.position_content, (e_q @ w_q @ w_k.T) @ x_k.mT, **TOL)
 
 
+def _dot_left_to_right(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(m, d) x (d, k) -> (m, k), each sum added from left to right: one order a matrix
+    product may use (this machine's BLAS does, for these shapes), written out so that the
+    test adds in it on every machine."""
+    return torch.cumsum(a[:, :, None] * b[None], dim=1)[:, -1]
+
+
 def test_four_terms_bound_counts_both_projections() -> None:
-    """An input laid out for gemm's order of additions: x = [1, t, .., t] with t just below
+    """An input laid out for left-to-right sums: x = [1, t, .., t] with t just below
     u = 2^-53, so that 1 + t + .. + t rounds to 1 in the projection of x + e and not in
     those of x and e apart. The gap reaches 2 d_model eps: more than the one-projection
-    count eps (d_model + d_k + 4), within eps (2 d_model + d_k + 2.5)."""
-    eps = torch.finfo(F64).eps
+    count eps (d_model + d_k + 4), within score_terms_bound, eps (2 d_model + d_k + 2.5)."""
+    eps, lr = torch.finfo(F64).eps, _dot_left_to_right
     for d_model, d_k in ((16, 8), (64, 1), (64, 8)):
         x = torch.full((1, d_model), 2.0**-53 - 2.0**-63, dtype=F64)
         x[0, 0] = 1.0
         e = torch.full((1, d_model), 2.0**-62, dtype=F64)
         e[0, 0] = 0.0
         w = torch.ones(d_model, d_k, dtype=F64)
-        gap = (score_terms(x, e, x, e, w, w).total() - ((x + e) @ w) @ ((x + e) @ w).T).abs().item()
+        cx, ce = lr(x, w), lr(e, w)
+        four = [lr(a, b.T) for a in (cx, ce) for b in (cx, ce)]
+        gap = ((((four[0] + four[1]) + four[2]) + four[3]) - lr(lr(x + e, w), lr(x + e, w).T)).abs().item()
         size = (((x.abs() + e.abs()) @ w) @ ((x.abs() + e.abs()) @ w).T).item()
         assert gap > rounding_tolerance(F64, d_model, d_k, 4) * size  # the old count breaks
         assert gap > 1.8 * d_model * eps * size
         assert gap <= score_terms_bound(x, e, x, e, w, w).item()
+        # score_terms itself, in whatever order this machine's BLAS adds: within the bound
+        native = (score_terms(x, e, x, e, w, w).total() - ((x + e) @ w) @ ((x + e) @ w).T).abs()
+        assert (native <= score_terms_bound(x, e, x, e, w, w)).all()
 
 
 def test_four_terms_bound_covers_underflow() -> None:
