@@ -23,7 +23,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from attnlib import MultiHeadAttention, SeparateHeadsAttention, attention, rounding_tolerance
+from attnlib import MultiHeadAttention, SeparateHeadsAttention, assert_rounding_close, attention, rounding_tolerance
 from attnlib.decoding import rope_rotation, score_terms
 from attnlib.decoding.positions import score_terms_bound
 from attnlib.decoding.rope import rope_angle_error, rope_angles, rope_merged_bound
@@ -284,3 +284,53 @@ def test_hunt_pair_and_merged_scores_in_float32(n: int, heads: tuple[int, int], 
         bool(((t == 0) | (t >= normal)).all()) for t in terms))
     assume(_finite(pair, merged, size))
     assert ((merged.double() - pair.double()).abs() <= rounding_tolerance(F32, d, d, d_k) * size).all()
+
+
+# ---- chapter 8: transformers' eager Llama attention against attnlib's, in float64 -------------
+
+
+@given(heads=st.sampled_from([(4, 2, 4), (2, 1, 6), (4, 4, 2)]), n=st.integers(1, 7),
+       start=st.sampled_from([0, 9, 1000, 65_000]), x_exp=st.integers(-4, 3), data=st.data(),
+       cancel=st.booleans(), base=st.sampled_from([10000.0, 12345.0, 500000.0]))
+@hunt(4)
+def test_hunt_llama_float32_softmax_and_rope(heads: tuple[int, int, int], n: int, start: int, x_exp: int,
+                                            data: st.DataObject, cancel: bool, base: float) -> None:
+    """LlamaAttention (float64, float32 cos/sin and softmax) against attnlib's DecoderAttention
+    read from it: each weight within eps32 x float32_attention_widths of itself, each output
+    within as much of (|A| |V|) |W^O| (chapter 8). Steered to large scores, positions far
+    from 0, and heads that cancel through W^O."""
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from attnlib.decoding import DecoderAttention, apply_rope, causal_mask, float32_attention_widths, read_llama
+
+    h, g, d_k = heads
+    d = h * d_k
+    config = llama.LlamaConfig(hidden_size=d, num_attention_heads=h, num_key_value_heads=g, rope_theta=base,
+                               intermediate_size=8, num_hidden_layers=1, vocab_size=8)
+    config._attn_implementation = "eager"
+    attn = llama.LlamaAttention(config, layer_idx=0).to(F64).eval()
+    with torch.no_grad():
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+            lin.weight.copy_(data.draw(hostile(tuple(lin.weight.shape), exponents=4)))
+        if cancel and h >= 2:  # head 1 writes -(1 - c) times what head 0 writes
+            attn.q_proj.weight[d_k:2 * d_k] = attn.q_proj.weight[:d_k]
+            attn.o_proj.weight[:, d_k:2 * d_k] = -(1 - 2.0**-20) * attn.o_proj.weight[:, :d_k]
+            if g == h:
+                attn.k_proj.weight[d_k:2 * d_k] = attn.k_proj.weight[:d_k]
+                attn.v_proj.weight[d_k:2 * d_k] = attn.v_proj.weight[:d_k]
+    x = data.draw(hostile((1, n, d), exponents=0)) * 2.0**x_exp
+    pos = torch.arange(start, start + n)
+    cos, sin = llama.LlamaRotaryEmbedding(config)(x, pos[None])
+    additive = torch.zeros(n, n, dtype=F64).masked_fill(~causal_mask(n), float("-inf"))
+    ours = DecoderAttention.from_grouped_weights(read_llama(attn))
+    with torch.no_grad():
+        hf_out, hf_w = attn(x, position_embeddings=(cos, sin), attention_mask=additive[None, None])
+        out, w = ours(x, x, x, mask=causal_mask(n))
+        q = apply_rope((x @ ours.w_q).view(1, n, h, d_k).transpose(1, 2), pos, base)
+        k = apply_rope((x @ ours.w_k).view(1, n, g, d_k).transpose(1, 2), pos, base).repeat_interleave(h // g, 1)
+        v = (x @ ours.w_v).view(1, n, g, d_k).transpose(1, 2).repeat_interleave(h // g, 1)
+    scores = (q @ k.mT / math.sqrt(d_k)).masked_fill(~causal_mask(n), float("-inf"))
+    assume(_finite(hf_out, out, scores.nan_to_num(neginf=0.0)))
+    widths = float32_attention_widths(scores, q, k, pos, base)
+    out_size = (w @ v.abs()).transpose(1, 2).reshape(1, n, d) @ ours.w_o.abs()
+    assert_rounding_close(w, hf_w, *widths, dtype=F32, size=w)
+    assert_rounding_close(out, hf_out, *widths, 1, dtype=F32, size=out_size)
