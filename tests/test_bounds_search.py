@@ -55,7 +55,7 @@ def _four_term_inputs(draw: st.DrawFn) -> tuple[torch.Tensor, ...]:
 
 
 @given(inputs=_four_term_inputs())
-@hunt(8)
+@hunt(4)
 def test_hunt_four_term_split(inputs: tuple[torch.Tensor, ...]) -> None:
     x_q, e_q, x_k, e_k, w_q, w_k = inputs
     total = score_terms(*inputs).total()
@@ -71,7 +71,7 @@ def test_hunt_four_term_split(inputs: tuple[torch.Tensor, ...]) -> None:
 @given(w_q=hostile((6, 16), exponents=20), w_k=hostile((6, 16), exponents=20), half=st.integers(1, 8),
        p=st.integers(0, 60), j=st.integers(0, 60), shift=st.sampled_from([1, 4000, 65_537, 10**6, 10**7]),
        base=st.sampled_from([10000.0, 500000.0, 12345.0, 1.5]))
-@hunt(8)
+@hunt(4)
 def test_hunt_rope_merged_matrix(w_q: torch.Tensor, w_k: torch.Tensor, half: int, p: int, j: int, shift: int,
                                  base: float) -> None:
     d_k = 2 * half
@@ -88,7 +88,7 @@ def test_hunt_rope_merged_matrix(w_q: torch.Tensor, w_k: torch.Tensor, half: int
 
 @given(position=st.one_of(st.integers(0, 1000), st.integers(0, 2**40)), d_k=st.integers(1, 160).map(lambda h: 2 * h),
        pair=st.floats(0, 1), base=st.one_of(st.sampled_from([10000.0, 500000.0, 1e6]), st.floats(1.001, 1e9)))
-@hunt(10)
+@hunt(4)
 def test_hunt_rope_angles_against_exact_arithmetic(position: int, d_k: int, pair: float, base: float) -> None:
     """float64 angles p omega_l against 120-bit arithmetic, within rope_angle_error."""
     mpmath = pytest.importorskip("mpmath")
@@ -101,6 +101,8 @@ def test_hunt_rope_angles_against_exact_arithmetic(position: int, d_k: int, pair
 
 
 # ---- chapter 5: dL/db^K, zero in exact arithmetic, sized by the sum it comes from -----------------
+# (Adam's gap between the forms, at most 2 T lr max|g| / eps, follows from Adam's update and
+# is checked with torch's Adam in the chapter; the hunt attacks the bound on |g| itself.)
 
 
 def _bk_noise_bound(module: MultiHeadAttention, x: torch.Tensor, g_out: torch.Tensor) -> torch.Tensor:
@@ -122,8 +124,8 @@ def _bk_noise_bound(module: MultiHeadAttention, x: torch.Tensor, g_out: torch.Te
 @given(heads=st.sampled_from([(4, 1), (6, 2), (8, 4), (12, 3)]), B=st.integers(1, 3), n=st.integers(1, 9),
        x_exp=st.integers(-30, 8), bias_exp=st.integers(-20, 3), seed=st.integers(0, 2**31 - 1),
        aligned=st.booleans())
-@hunt(4)
-def test_hunt_bias_key_gradient_noise_and_adams_gap(heads: tuple[int, int], B: int, n: int, x_exp: int,
+@hunt(3)
+def test_hunt_bias_key_gradient_noise(heads: tuple[int, int], B: int, n: int, x_exp: int,
                                                      bias_exp: int, seed: int, aligned: bool) -> None:
     d, h = heads
     torch.manual_seed(seed)
@@ -137,23 +139,18 @@ def test_hunt_bias_key_gradient_noise_and_adams_gap(heads: tuple[int, int], B: i
         x = x[:, :1] * torch.linspace(1, 2, n, dtype=F64)[None, :, None]
     g_out = torch.randn(B, n, d, generator=g, dtype=F64)
     sep = SeparateHeadsAttention.from_fused(copy.deepcopy(mha))
-    g_max = 0.0
-    for module in (mha, sep):  # one Adam step each (the chapter takes three)
-        opt = torch.optim.Adam(module.parameters(), lr=1e-2, eps=1e-8)
+    for module in (mha, sep):  # both forms: the same bound, other rounding
         (module(x, x, x)[0] * g_out).sum().backward()
         grad = torch.cat([p.grad for name, p in module.named_parameters() if name.startswith("b_k")])
         fused = module if isinstance(module, MultiHeadAttention) else module.to_fused()
         assert (grad.abs() <= _bk_noise_bound(fused, x, g_out)).all()
-        g_max = max(g_max, grad.abs().max().item())
-        opt.step()
-    assert (sep.to_fused().b_k - mha.b_k).abs().max().item() <= 2 * 1e-2 * g_max / 1e-8
 
 
 # ---- rounding_tolerance: one inner product, two orders ---------------------------------------------
 
 
 @given(n=st.integers(1, 700), data=st.data(), dtype=st.sampled_from([F64, F32]))
-@hunt(10)
+@hunt(5)
 def test_hunt_rounding_tolerance_two_orders_of_one_inner_product(n: int, data: st.DataObject,
                                                                  dtype: torch.dtype) -> None:
     """Two evaluations of sum_i x_i y_i (BLAS's dot, a left-to-right loop, torch's reduction of
@@ -189,7 +186,7 @@ def _hf_rotary(d_k: int, base: float) -> torch.nn.Module:
 @given(d_k=st.integers(1, 80).map(lambda h: 2 * h), base=st.one_of(st.sampled_from([10000.0, 500000.0]),
        st.floats(1.01, 1e8)), positions=st.lists(st.one_of(st.integers(0, 2**17), st.integers(0, 2**31)),
        min_size=1, max_size=4), v=hostile((1, 160), exponents=20))
-@hunt(6)
+@hunt(2)
 def test_hunt_float32_rope_of_hugging_face(d_k: int, base: float, positions: list[int], v: torch.Tensor) -> None:
     """LlamaRotaryEmbedding's float32 cos and sin rotate a float64 vector to within
     2 (angle error + eps32) (|v_l| + |v_(l + d_k/2)|) of apply_rope's float64 rotation, with
@@ -212,7 +209,7 @@ def test_hunt_float32_rope_of_hugging_face(d_k: int, base: float, positions: lis
 
 @given(d_k=st.integers(1, 256).map(lambda h: 2 * h),
        base=st.one_of(st.sampled_from([10000.0, 500000.0, 1e6]), st.floats(1.01, 1e9)))
-@hunt(6)
+@hunt(2)
 def test_hunt_read_llama_accepts_the_default_frequencies(d_k: int, base: float) -> None:
     """Hugging Face's float32 inv_freq, for any theta and head width, passes read_llama's
     frequency check (derived from rope_frequency_error, the ln(base) amplification counted)."""
@@ -229,7 +226,7 @@ def test_hunt_read_llama_accepts_the_default_frequencies(d_k: int, base: float) 
 
 
 @given(r=st.integers(1, 4), data=st.data(), mode=st.sampled_from(["plain", "orthogonal", "gauge", "cancel"]))
-@hunt(10)
+@hunt(4)
 def test_hunt_composition_score_against_the_dense_ratio(r: int, data: st.DataObject, mode: str) -> None:
     """tests/test_induction.py's bound on composition_score against the dense ratio:
     eps64 (5 + 2r + 10) times max(1, how much larger the factors are than their products)."""
@@ -261,7 +258,7 @@ def test_hunt_composition_score_against_the_dense_ratio(r: int, data: st.DataObj
 
 
 @given(n=st.integers(1, 6), heads=st.sampled_from([(8, 2), (12, 3), (16, 4), (10, 5)]), data=st.data())
-@hunt(10)
+@hunt(4)
 def test_hunt_pair_and_merged_scores_in_float32(n: int, heads: tuple[int, int], data: st.DataObject) -> None:
     """Chapter 4's bound between (X W_i^Q)(X W_i^K)^T and (X W_i^QK) X^T in float32:
     eps32 (2 d_model + d_k) (|X| |W_i^Q|)(|X| |W_i^K|)^T, absent underflow."""
@@ -292,7 +289,7 @@ def test_hunt_pair_and_merged_scores_in_float32(n: int, heads: tuple[int, int], 
 @given(heads=st.sampled_from([(4, 2, 4), (2, 1, 6), (4, 4, 2)]), n=st.integers(1, 7),
        start=st.sampled_from([0, 9, 1000, 65_000]), x_exp=st.integers(-4, 3), data=st.data(),
        cancel=st.booleans(), base=st.sampled_from([10000.0, 12345.0, 500000.0]))
-@hunt(4)
+@hunt(2)
 def test_hunt_llama_float32_softmax_and_rope(heads: tuple[int, int, int], n: int, start: int, x_exp: int,
                                             data: st.DataObject, cancel: bool, base: float) -> None:
     """LlamaAttention (float64, float32 cos/sin and softmax) against attnlib's DecoderAttention
