@@ -8,12 +8,16 @@ of the cores instead, and the notebook kernels it starts inherit the same limit 
 chapters print no number that a thread count can change (CI checks them with one thread
 and with the native setting).
 
-Hypothesis runs under one of two profiles: ``ci`` (the default, and what CI and
+Hypothesis runs under one of three profiles: ``ci`` (the default, and what CI and
 ``make test`` use) gives every property test the example count its file names
 (``strategies.examples``); ``dev`` gives each a tenth of it (at least one), for a quick
-run while editing: ``pytest --hypothesis-profile=dev`` or ``HYPOTHESIS_PROFILE=dev``.
-With ``CI`` set (GitHub Actions, .ci/run) the environment variable is ignored and only
-an explicit ``--hypothesis-profile`` chooses another profile.
+run while editing: ``pytest --hypothesis-profile=dev`` or ``HYPOTHESIS_PROFILE=dev``;
+``thorough`` gives the bound-hunting properties (``strategies.hunt``, in
+``tests/test_bounds_search.py``) at least 2,000 examples each, where ``ci`` gives them a
+few: ``pytest tests/test_bounds_search.py --hypothesis-profile=thorough``, which
+``.ci/run`` runs after ``make test``. With ``CI`` set (GitHub Actions, .ci/run) the
+environment variable is ignored and only an explicit ``--hypothesis-profile`` chooses
+another profile.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from hypothesis import settings
 # 100 under ci, hypothesis's own default, so a test that names no count keeps it.
 settings.register_profile("ci", max_examples=100, print_blob=True)
 settings.register_profile("dev", max_examples=10)
+# thorough: 20 x ci's base for every property, and at least 2,000 for each bound hunt
+settings.register_profile("thorough", max_examples=2000, print_blob=True)
 _ON_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
 settings.load_profile("ci" if _ON_CI else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

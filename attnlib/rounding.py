@@ -32,7 +32,9 @@ def rounding_tolerance(dtype: torch.dtype, *widths: int) -> float:
 
     relative to the size of the terms. This is a worst case, not a typical error:
     measured gaps are usually far smaller, and a tolerance derived this way does not
-    depend on the machine it was written on.
+    depend on the machine it was written on. It assumes no underflow: a result below
+    ``finfo(dtype).smallest_normal`` is rounded to an absolute spacing, not a relative
+    one (:func:`assert_rounding_close` adds that spacing per rounding).
 
     Args:
         dtype: a floating dtype, e.g. ``torch.float32``.
@@ -53,24 +55,30 @@ def rounding_tolerance(dtype: torch.dtype, *widths: int) -> float:
 
 
 def assert_rounding_close(
-    actual: Tensor, expected: Tensor, *widths: int, dtype: torch.dtype | None = None
+    actual: Tensor, expected: Tensor, *widths: int, dtype: torch.dtype | None = None,
+    size: Tensor | float | None = None,
 ) -> float:
     r"""Assert that two evaluations of one computation agree to rounding; the bound used.
 
     The bound is :func:`rounding_tolerance` of ``dtype`` (by default the coarser of the
     two tensors' dtypes; pass ``torch.float32`` where a float64 tensor went through a
-    float32 step, as Hugging Face's softmax does) and ``widths``, times
-    the size of the numbers, :math:`\max |\text{expected}|` (at least 1e-30):
-    ``|actual - expected| <= eps * sum(widths) * max|expected|`` elementwise. Use it
+    float32 step, as Hugging Face's softmax does) and ``widths``, times the size of the
+    numbers: ``|actual - expected| <= eps * sum(widths) * size`` elementwise. Use it
     where two implementations (another library, another order of the same sums) are
-    compared in float32: the tolerance follows from the computation, not from the
-    machine it was first run on. It is a first-order tolerance relative to the size of
-    the result: where the terms are much larger than the result (cancellation, or a
-    softmax over large scores), a worst-case bound must use the size of the terms
-    instead, as chapter 6 does.
+    compared: the tolerance follows from the computation, not from the machine it was
+    first run on.
 
-    Shapes: ``actual`` and ``expected`` of one shape. Returns the bound, so that a
-    page can print it.
+    ``size`` is the size of the terms the result is summed from, elementwise (a tensor
+    that broadcasts to ``expected``) or one number: for ``x @ W`` it is ``|x| @ |W|``.
+    By default it is :math:`\max |\text{expected}|` (at least 1e-30), the size of the
+    result, which is right only where the result is as large as its terms: under
+    cancellation (a result far below its terms, say heads that nearly cancel through
+    :math:`W^O`), or a softmax over large scores, pass the size of the terms (chapter 8
+    does). With ``size`` given, each rounding may also lose the spacing of the
+    subnormals, ``eps * smallest_normal`` (underflow), which is added once per width.
+
+    Shapes: ``actual`` and ``expected`` of one shape. Returns the largest bound, so that
+    a page can print it.
     """
     actual, expected = check_tensor("actual", actual), check_tensor("expected", expected)
     if actual.shape != expected.shape:
@@ -78,12 +86,34 @@ def assert_rounding_close(
                          f"{format_shape(actual)} and {format_shape(expected)}")
     coarser = dtype if dtype is not None else min(
         (actual.dtype, expected.dtype), key=lambda d: torch.finfo(d).bits)
-    size = max(expected.detach().abs().max().item(), 1e-30) if expected.numel() else 1.0
-    bound = rounding_tolerance(coarser, *widths) * size
-    gap = (actual.detach().to(expected.dtype) - expected.detach()).abs().max().item() \
-        if expected.numel() else 0.0
-    if not gap <= bound:  # also catches NaN
+    tol = rounding_tolerance(coarser, *widths)
+    if size is None:
+        what = "max|expected|"
+        scale: Tensor | float = max(expected.detach().abs().max().item(), 1e-30) if expected.numel() else 1.0
+        bound: Tensor | float = tol * scale
+    else:
+        if isinstance(size, bool) or not isinstance(size, (Tensor, int, float)):
+            raise TypeError(f"size must be a tensor, a number or None, got {type(size).__name__}")
+        what = "size"
+        terms = size.detach().to(torch.float64) if isinstance(size, Tensor) else torch.tensor(float(size))
+        if terms.numel() and not bool((terms >= 0).all()):
+            raise ValueError("size must be >= 0: the size of the terms, e.g. |x| @ |W|")
+        try:
+            terms = terms.expand(expected.shape)
+        except RuntimeError:
+            raise ValueError(f"size of shape {format_shape(terms)} does not broadcast to "
+                             f"expected's {format_shape(expected)}") from None
+        info = torch.finfo(coarser)
+        bound = tol * terms + sum(widths) * info.eps * info.smallest_normal  # (expected's shape)
+    if not expected.numel():
+        return float(bound) if not isinstance(bound, Tensor) else 0.0
+    gap = (actual.detach().to(torch.float64) - expected.detach().to(torch.float64)).abs()
+    within = gap <= bound  # also False where NaN
+    if not bool(within.all()):
+        worst = int((gap - bound).nan_to_num(nan=float("inf")).argmax())
+        g = gap.flatten()[worst].item()
+        b = bound.flatten()[worst].item() if isinstance(bound, Tensor) else bound
         raise AssertionError(
-            f"actual and expected differ by {gap:.3g}, more than rounding allows: "
-            f"eps({coarser}) x {sum(widths)} x max|expected| = {bound:.3g}")
-    return bound
+            f"actual and expected differ by {g:.3g}, more than rounding allows: "
+            f"eps({coarser}) x {sum(widths)} x {what} = {b:.3g}")
+    return float(bound.max()) if isinstance(bound, Tensor) else bound

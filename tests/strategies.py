@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
@@ -39,6 +39,20 @@ def examples(n: int) -> settings:
 
 
 SETTINGS = examples(25)  # the multi-head and decoding properties
+
+HUNT_THOROUGH = 2000  # examples of each bound hunt under the thorough profile
+
+
+def hunt(n: int) -> settings:
+    """A bound hunt (``tests/test_bounds_search.py``): ``n`` examples under ``ci`` (kept
+    small: ``make test`` has a time budget), at least :data:`HUNT_THOROUGH` under the
+    ``thorough`` profile that ``.ci/run`` runs after ``make test``, a tenth under ``dev``.
+    No deadline, and no health check against filtering: a hunt steers towards inputs most
+    draws would not reach, and discards those whose result overflows."""
+    thorough = settings.default.max_examples >= settings.get_profile("thorough").max_examples
+    count = max(HUNT_THOROUGH, n) if thorough else examples(n).max_examples
+    return settings(deadline=None, max_examples=count,
+                    suppress_health_check=list(HealthCheck))
 
 
 # ---- multi-head problems -----------------------------------------------------------------
@@ -179,3 +193,46 @@ def assert_same_weights(a: AttentionWeights, b: AttentionWeights) -> None:
         assert (x is None) == (y is None), name
         if x is not None:
             torch.testing.assert_close(x, y, **EXACT, msg=lambda s, name=name: f"{name}: {s}")
+
+
+# ---- inputs built to break a rounding bound ------------------------------------------------
+
+HOSTILE_KINDS = ("gauss", "sparse", "ones", "rank1", "cancel", "powers", "gemm_order")
+
+
+@st.composite
+def hostile(draw: st.DrawFn, shape: tuple[int, ...], dtype: torch.dtype = DTYPE, exponents: int = 40) -> Tensor:
+    """A tensor steered to where rounding bounds break, its last axis the one summed over.
+
+    Kinds: ``gauss`` (random), ``sparse`` (mostly zeros: a size that pairs the wrong
+    entries reads 0), ``ones`` and ``rank1`` (aligned: every term of a sum the same size,
+    errors add up), ``cancel`` (pairs ``a, -(1 - c) a`` along the last axis: a result far
+    below its terms), ``powers`` (signed powers of two: exact products, the error all in the
+    sums), ``gemm_order`` (``1, t, t, ..`` with ``t`` just below half an ulp of 1: a
+    left-to-right sum drops every ``t``, other orders keep them). The whole tensor is
+    scaled by ``2^k``, ``|k| <= exponents`` (tiny and huge entries)."""
+    kind = draw(st.sampled_from(HOSTILE_KINDS))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    f64 = torch.float64
+    if kind == "gauss":
+        t = torch.randn(shape, generator=g, dtype=f64)
+    elif kind == "sparse":
+        keep = torch.rand(shape, generator=g) < draw(st.sampled_from([0.05, 0.2, 0.5]))
+        t = torch.randn(shape, generator=g, dtype=f64) * keep
+    elif kind == "ones":
+        t = torch.ones(shape, dtype=f64) * draw(st.sampled_from([1.0, -1.0, 0.5]))
+    elif kind == "rank1":
+        t = torch.randn(*shape[:-1], 1, generator=g, dtype=f64) * torch.randn(shape[-1], generator=g, dtype=f64)
+    elif kind == "cancel":
+        t = torch.randn(shape, generator=g, dtype=f64)
+        c = draw(st.sampled_from([0.0, 2.0**-40, 2.0**-20, 1e-3]))
+        t[..., 1::2] = -(1 - c) * t[..., 0::2][..., : t[..., 1::2].shape[-1]]
+    elif kind == "powers":
+        t = 2.0 ** torch.randint(-6, 7, shape, generator=g).to(f64)
+        t = t * (torch.randint(0, 2, shape, generator=g).to(f64) * 2 - 1)
+    else:  # gemm_order
+        u = torch.finfo(dtype).eps / 2
+        t = torch.full(shape, u * (1 - 2.0**-10), dtype=f64)
+        t[..., 0] = 1.0
+    k = draw(st.integers(-exponents, exponents)) if draw(st.booleans()) else 0
+    return (t * 2.0**k).to(dtype)

@@ -512,3 +512,39 @@ def test_mla_d_k_need_not_divide_d_model() -> None:
     assert mla.w_q.shape == (10, 6) and mla.w_uv.shape == (4, 15) and mla.w_o.shape == (15, 10)
     out, w = mla(torch.randn(1, 2, 10))
     assert out.shape == (1, 2, 10) and w is not None and w.shape == (1, 3, 2, 2)
+
+
+# ---- what update returns: everything cached, in order, and a copy of the first input ---------
+
+
+def test_kv_cache_update_returns_all_cached_keys_and_values_in_order() -> None:
+    """``update`` hands back every cached key and value, old ones first, with their values: a
+    layer attends to what it returns, so a wrong return (the new keys only, the old ones
+    only, another order, the first input itself) changes outputs; checked here directly."""
+    cache, owner = KVCache(), torch.nn.Identity()
+    k0, v0 = _randn(2, 3, 4, 5, seed=1), _randn(2, 3, 4, 6, seed=2)  # (B, g, t, d_k), (B, g, t, d_v)
+    keys, values = cache.update(owner, k0, v0)
+    assert torch.equal(keys, k0) and torch.equal(values, v0)
+    assert keys.data_ptr() != k0.data_ptr()  # a copy: changing the input later changes no cached key
+    first = k0.clone()
+    k0.add_(1.0)
+    assert torch.equal(cache.keys, first) and not torch.equal(cache.keys, k0)
+    k1, v1 = _randn(2, 3, 1, 5, seed=3), _randn(2, 3, 1, 6, seed=4)
+    keys, values = cache.update(owner, k1, v1)
+    assert torch.equal(keys[:, :, :4], first) and torch.equal(keys[:, :, 4:], k1)
+    assert torch.equal(values, torch.cat([v0, v1], dim=2))
+    assert torch.equal(keys, cache.keys) and torch.equal(values, cache.values)
+    k2, v2 = _randn(2, 3, 2, 5, seed=5), _randn(2, 3, 2, 6, seed=6)
+    keys, values = cache.update(owner, k2, v2)
+    assert keys.shape == (2, 3, 7, 5) and len(cache) == 7
+    assert torch.equal(keys[:, :, 5:], k2) and torch.equal(values[:, :, 4:5], v1)
+
+
+def test_latent_cache_update_returns_all_cached_latents_and_rope_keys_in_order() -> None:
+    cache, owner = LatentCache(), torch.nn.Identity()
+    c0, r0 = _randn(2, 3, 5, seed=1), _randn(2, 3, 4, seed=2)  # (B, t, d_c), (B, t, d_r)
+    c1, r1 = _randn(2, 2, 5, seed=3), _randn(2, 2, 4, seed=4)
+    assert all(torch.equal(a, b) for a, b in zip(cache.update(owner, c0, r0), (c0, r0)))
+    latents, rope_keys = cache.update(owner, c1, r1)
+    assert torch.equal(latents, torch.cat([c0, c1], dim=1)) and torch.equal(rope_keys, torch.cat([r0, r1], dim=1))
+    assert torch.equal(latents, cache.latents) and torch.equal(rope_keys, cache.rope_keys)

@@ -30,9 +30,11 @@ TOL32 = {"atol": 1e-5, "rtol": 1e-5}
 
 
 def _config(**kw: object) -> "LlamaConfig":
+    """A small Llama config; RoPE's theta is 12345, a base no code would hard-code (a base
+    fixed at 10000, Llama's default, or at any round number fails the comparisons)."""
     base: dict[str, object] = {
         "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "rope_theta": 1000.0, "intermediate_size": 64, "num_hidden_layers": 1,
+        "rope_theta": 12345.0, "intermediate_size": 64, "num_hidden_layers": 1,
     }
     base.update(kw)
     config = _hf_llama().LlamaConfig(**base)
@@ -68,7 +70,7 @@ def test_llama_attention_outputs_and_weights_reproduced(kw: dict[str, object]) -
     x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(1))
     out_hf, w_hf = _llama_causal(attn, config, x)
     ours = DecoderAttention.from_grouped_projections(read_llama(attn))
-    assert ours.num_kv_heads == config.num_key_value_heads and ours.rope_base == 1000.0
+    assert ours.num_kv_heads == config.num_key_value_heads and ours.rope_base == 12345.0
     with torch.no_grad():
         out, w = ours(x, x, x, mask=causal_mask(7))
     torch.testing.assert_close(out, out_hf, **TOL32)
@@ -145,10 +147,10 @@ def test_read_llama_errors() -> None:
     attn = _llama(_config())
     with pytest.raises(ValueError, match="num_heads=2 disagrees with attn.config.num_attention_heads=4"):
         read_llama(attn, num_heads=2)
-    with pytest.raises(ValueError, match="rope_base=10.0 disagrees with the config's rope_theta=1000.0"):
+    with pytest.raises(ValueError, match="rope_base=10.0 disagrees with the config's rope_theta=12345.0"):
         read_llama(attn, rope_base=10.0)
     with pytest.raises(ValueError, match="rope_type 'linear'"):
-        read_llama(_llama(_config(rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0})))
+        read_llama(_llama(_config(rope_parameters={"rope_type": "linear", "rope_theta": 12345.0, "factor": 2.0})))
     dropping = _llama(_config(attention_dropout=0.1))  # in eval mode: its dropout is off
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -34,6 +34,8 @@ from attnlib.decoding import (
     score_terms,
     sinusoidal_positions,
 )
+from attnlib.decoding.positions import score_terms_bound
+from attnlib.decoding.rope import rope_angle_error, rope_angles, rope_frequency_error, rope_merged_bound
 from attnlib.interop import read_bloom, write_bloom
 from strategies import DTYPE, TOL, examples
 
@@ -81,10 +83,52 @@ def test_four_terms_add_up_to_the_score(n_q: int, n_k: int, d_model: int, d_k: i
     w_q, w_k = _randn(d_model, d_k, seed=seed + 4), _randn(d_model, d_k, seed=seed + 5)
     terms = score_terms(x_q, e_q, x_k, e_k, w_q, w_k)
     score = ((x_q + e_q) @ w_q) @ ((x_k + e_k) @ w_k).mT  # (2, n_q, n_k)
-    size = ((x_q.abs() + e_q.abs()) @ w_q.abs()) @ ((x_k.abs() + e_k.abs()) @ w_k.abs()).mT
-    assert ((terms.total() - score).abs() <= rounding_tolerance(F64, d_model, d_k, 4) * size).all()
+    assert ((terms.total() - score).abs() <= score_terms_bound(x_q, e_q, x_k, e_k, w_q, w_k)).all()
     torch.testing.assert_close(terms.content_content, (x_q @ w_q @ w_k.T) @ x_k.mT, **TOL)
     torch.testing.assert_close(terms.position_content, (e_q @ w_q @ w_k.T) @ x_k.mT, **TOL)
+
+
+def _dot_left_to_right(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(m, d) x (d, k) -> (m, k), each sum added from left to right: one order a matrix
+    product may use (this machine's BLAS does, for these shapes), written out so that the
+    test adds in it on every machine."""
+    return torch.cumsum(a[:, :, None] * b[None], dim=1)[:, -1]
+
+
+def test_four_terms_bound_counts_both_projections() -> None:
+    """An input laid out for left-to-right sums: x = [1, t, .., t] with t just below
+    u = 2^-53, so that 1 + t + .. + t rounds to 1 in the projection of x + e and not in
+    those of x and e apart. The gap reaches 2 d_model eps: more than the one-projection
+    count eps (d_model + d_k + 4), within score_terms_bound, eps (2 d_model + d_k + 2.5)."""
+    eps, lr = torch.finfo(F64).eps, _dot_left_to_right
+    for d_model, d_k in ((16, 8), (64, 1), (64, 8)):
+        x = torch.full((1, d_model), 2.0**-53 - 2.0**-63, dtype=F64)
+        x[0, 0] = 1.0
+        e = torch.full((1, d_model), 2.0**-62, dtype=F64)
+        e[0, 0] = 0.0
+        w = torch.ones(d_model, d_k, dtype=F64)
+        cx, ce = lr(x, w), lr(e, w)
+        four = [lr(a, b.T) for a in (cx, ce) for b in (cx, ce)]
+        gap = ((((four[0] + four[1]) + four[2]) + four[3]) - lr(lr(x + e, w), lr(x + e, w).T)).abs().item()
+        size = (((x.abs() + e.abs()) @ w) @ ((x.abs() + e.abs()) @ w).T).item()
+        assert gap > rounding_tolerance(F64, d_model, d_k, 4) * size  # the old count breaks
+        assert gap > 1.8 * d_model * eps * size
+        assert gap <= score_terms_bound(x, e, x, e, w, w).item()
+        # score_terms itself, in whatever order this machine's BLAS adds: within the bound
+        native = (score_terms(x, e, x, e, w, w).total() - ((x + e) @ w) @ ((x + e) @ w).T).abs()
+        assert (native <= score_terms_bound(x, e, x, e, w, w)).all()
+
+
+def test_four_terms_bound_covers_underflow() -> None:
+    """Entries so small that the products are subnormal: the relative part underflows to 0,
+    the absolute part (the subnormals' spacing per rounding) still holds, and is tiny."""
+    x, e = (_randn(3, 6, seed=s) * 2.0**-520 for s in (0, 1))
+    w_q = _randn(6, 4, seed=3) * 2.0**-10  # projections near 2^-530, scores near 2^-1060
+    terms = score_terms(x, e, x, e, w_q, w_q)
+    score = ((x + e) @ w_q) @ ((x + e) @ w_q).mT
+    bound = score_terms_bound(x, e, x, e, w_q, w_q)
+    assert ((terms.total() - score).abs() <= bound).all() and (bound < 1e-300).all()
+    assert (score != 0).all() and (score.abs() < torch.finfo(F64).smallest_normal).all()
 
 
 @pytest.mark.parametrize(
@@ -126,13 +170,71 @@ def test_rope_merged_matrix_depends_on_the_offset_only(i: int, j: int, shift: in
     def merged(a: int, b: int) -> torch.Tensor:  # W^Q R_a R_b^T W^K^T
         return w_q @ rope_rotation(a, d_k) @ rope_rotation(b, d_k).T @ w_k.T
 
-    size = w_q.abs() @ w_k.abs().T
     for a, b in ((i + shift, j + shift), (i - j, 0)):  # a common shift; W^Q R_{i-j} W^K^T
-        bound = rounding_tolerance(F64, abs(i) + abs(a) + 1, abs(j) + abs(b) + 1, 2, 3 * d_k) * size
+        bound = rope_merged_bound(w_q, w_k, a, b) + rope_merged_bound(w_q, w_k, i, j)  # each vs the exact
         assert ((merged(a, b) - merged(i, j)).abs() <= bound).all()
     x_q, x_k = _randn(1, 6, seed=1), _randn(1, 6, seed=2)  # the scores of RoPE(x W) meet through it
     score = apply_rope(x_q @ w_q, torch.tensor([i])) @ apply_rope(x_k @ w_k, torch.tensor([j])).T
     torch.testing.assert_close(score, x_q @ merged(i, j) @ x_k.T, **TOL)
+
+
+def _merged_gap_over_bound(w_q: torch.Tensor, w_k: torch.Tensor, pairs: list[tuple[int, int]], shifts: tuple[int, ...],
+                           size: torch.Tensor | None = None) -> float:
+    """The largest gap / bound between W^Q R_{p+s} R_{j+s}^T W^K^T and the same at (p, j); the
+    bound is rope_merged_bound's, or, with ``size``, the old eps64 (p + s + j + s + 2 + 3 d_k) x size."""
+    d_k, worst = w_q.shape[1], 0.0
+    for p, j in pairs:
+        ref = w_q @ rope_rotation(p, d_k) @ rope_rotation(j, d_k).T @ w_k.T
+        for s in shifts:
+            gap = (w_q @ rope_rotation(p + s, d_k) @ rope_rotation(j + s, d_k).T @ w_k.T - ref).abs()
+            if size is None:
+                bound = rope_merged_bound(w_q, w_k, p + s, j + s) + rope_merged_bound(w_q, w_k, p, j)
+            else:
+                bound = rounding_tolerance(F64, p + s + 1, j + s + 1, 2, 3 * d_k) * size
+            worst = max(worst, float((gap / bound).nan_to_num(nan=0.0, posinf=math.inf).max()))
+    return worst
+
+
+def test_rope_merged_bound_holds_where_the_old_size_broke() -> None:
+    """Two heads the old size |W^Q| |W^K|^T could not bound: a hand-built one (row 0 of W^Q =
+    0.5 e_1, row 0 of W^K = 0.5 e_5, one rotation pair: the old size is 0 at entry (0, 0), the
+    rounding is not) and a pruned-looking one (70 % zeros). The size through the rotations,
+    |W^Q| |R_p| |R_j|^T |W^K|^T, and the rotations' own errors hold for both."""
+    pairs, shifts = [(p, j) for p in (0, 5, 19, 46) for j in (0, 3, 34)], (0, 1, 100, 4000, 10**6)
+    w_q, w_k = torch.zeros(6, 8, dtype=F64), torch.zeros(6, 8, dtype=F64)
+    w_q[0, 1], w_k[0, 5] = 0.5, 0.5
+    assert (w_q.abs() @ w_k.abs().T)[0, 0] == 0
+    assert _merged_gap_over_bound(w_q, w_k, pairs, shifts, size=w_q.abs() @ w_k.abs().T) == math.inf
+    assert _merged_gap_over_bound(w_q, w_k, pairs, shifts) <= 1
+    g = torch.Generator().manual_seed(0)
+    w_q = torch.randn(6, 8, generator=g, dtype=F64) * (torch.rand(6, 8, generator=g) > 0.7)
+    w_k = torch.randn(6, 8, generator=g, dtype=F64) * (torch.rand(6, 8, generator=g) > 0.7)
+    assert _merged_gap_over_bound(w_q, w_k, pairs, shifts, size=w_q.abs() @ w_k.abs().T) > 1
+    assert _merged_gap_over_bound(w_q, w_k, pairs, shifts) <= 1
+
+
+@pytest.mark.parametrize("base", [10000.0, 500000.0])
+def test_rope_angles_against_exact_arithmetic(base: float) -> None:
+    """The angles p omega_l of rope_angles against 200-bit arithmetic (mpmath), positions up
+    to 10^6: within rope_angle_error everywhere; and more than one eps64 per radian where
+    2l/d_k is rounded (d_k = 80, 96, 120), the rounding amplified by ln(base)."""
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.prec = 200
+    eps, pos = torch.finfo(F64).eps, torch.tensor([1, 7, 1000, 65537, 999_983, 10**6])
+    per_radian = {}
+    for d_k in (8, 80, 96, 120, 128):
+        angles, bound = rope_angles(pos, d_k, base), rope_angle_error(pos, d_k, base)  # (n, d_k/2)
+        worst = 0.0
+        for a, p in enumerate(pos.tolist()):
+            for l in range(d_k // 2):
+                exact = mpmath.mpf(p) * mpmath.power(mpmath.mpf(base), -mpmath.mpf(2 * l) / d_k)
+                err = abs(mpmath.mpf(angles[a, l].item()) - exact)
+                assert err <= bound[a, l].item()
+                worst = max(worst, float(err / exact) / eps)
+        per_radian[d_k] = worst
+    assert max(per_radian[d] for d in (80, 96, 120)) > 1.5  # the old "eps64 per radian" fails
+    ln_base = math.log(base)
+    assert rope_frequency_error(80, base).max().item() > 0.5 * ln_base * eps  # the amplification, counted
 
 
 def test_rope_merged_matrix_changes_with_the_offset_and_its_sign() -> None:

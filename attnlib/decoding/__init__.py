@@ -35,7 +35,7 @@ from attnlib.decoding.bloom import read_bloom, write_bloom
 from attnlib.decoding.cache import KVCache, LatentCache, kv_cache_bytes_per_token, latent_cache_bytes_per_token
 from attnlib.decoding.grouped import DecoderAttention, GroupedAttentionWeights
 from attnlib.decoding.latent import LatentAttention
-from attnlib.decoding.llama import read_llama, write_llama
+from attnlib.decoding.llama import float32_attention_widths, read_llama, write_llama
 from attnlib.decoding.positions import (
     AlibiAttention,
     AlibiWeights,
@@ -43,9 +43,19 @@ from attnlib.decoding.positions import (
     alibi_bias,
     alibi_slopes,
     score_terms,
+    score_terms_bound,
     sinusoidal_positions,
 )
-from attnlib.decoding.rope import apply_rope, rope_angles, rope_inv_freq, rope_rotation, rotate_half
+from attnlib.decoding.rope import (
+    apply_rope,
+    rope_angle_error,
+    rope_angles,
+    rope_frequency_error,
+    rope_inv_freq,
+    rope_merged_bound,
+    rope_rotation,
+    rotate_half,
+)
 
 __all__ = [
     "rope_inv_freq",
@@ -53,6 +63,9 @@ __all__ = [
     "rotate_half",
     "apply_rope",
     "rope_rotation",
+    "rope_frequency_error",
+    "rope_angle_error",
+    "rope_merged_bound",
     "causal_mask",
     "KVCache",
     "LatentCache",
@@ -64,12 +77,14 @@ __all__ = [
     "sinusoidal_positions",
     "ScoreTerms",
     "score_terms",
+    "score_terms_bound",
     "alibi_slopes",
     "alibi_bias",
     "AlibiWeights",
     "AlibiAttention",
     "read_llama",
     "write_llama",
+    "float32_attention_widths",
     "read_bloom",
     "write_bloom",
 ]

@@ -4,17 +4,18 @@ with the other layouts)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
 from attnlib.checks import check_positive_int, warn_dropout
 from attnlib.decoding.grouped import GroupedAttentionWeights
-from attnlib.decoding.rope import rope_inv_freq
-from attnlib.rounding import rounding_tolerance
+from attnlib.decoding.rope import rope_angle_error, rope_frequency_error, rope_inv_freq
 
 # Llama's layer: four nn.Linear, grouped keys and values, RoPE. Read into (and written
 # from) GroupedAttentionWeights; DecoderAttention.from_grouped_projections builds the module.
-__all__ = ["GroupedAttentionWeights", "read_llama", "write_llama"]
+__all__ = ["GroupedAttentionWeights", "read_llama", "write_llama", "float32_attention_widths"]
 
 
 def read_llama(
@@ -134,9 +135,11 @@ def read_llama(
             raise ValueError(f"attn has RoPE frequencies ({name}) but no rope_base: pass rope_base=")
         want = rope_inv_freq(d_k, rope_base, dtype=torch.float64)  # (d_k/2,)
         got = inv_freq.detach().to(torch.float64).flatten()
-        # computed in float32 by a power, a division and a cast: a few float32 roundings
-        tol = rounding_tolerance(torch.float32, 8)
-        if got.shape != want.shape or not torch.allclose(got, want, rtol=tol, atol=0.0):
+        # Hugging Face computes base ** (2l / d_k) in float32: the rounding of the exponent
+        # 2l/d_k is amplified by ln(base) in the power (13 for Llama 3's 500000), then the power
+        # and the division round; rope_frequency_error counts it, for theirs and for ours
+        tol = rope_frequency_error(d_k, rope_base, torch.float32) + rope_frequency_error(d_k, rope_base)
+        if got.shape != want.shape or not bool(((got - want).abs() <= tol * want / (1 - tol)).all()):
             raise ValueError(
                 f"attn.{name} holds RoPE frequencies other than rope_base={rope_base:g}'s for d_k={d_k} "
                 f"(scaled or another layout): read_llama reads the default RoPE only"
@@ -186,3 +189,59 @@ def write_llama(weights: GroupedAttentionWeights) -> nn.ModuleDict:
         layers[f"{n}_proj"] = lin
     return layers
 
+
+
+def float32_attention_widths(
+    scores: Tensor,
+    q: Tensor | None = None,
+    k: Tensor | None = None,
+    positions: Tensor | None = None,
+    base: float = 10000.0,
+    scale: float | None = None,
+) -> tuple[int, int, int]:
+    r"""How far transformers' eager attention weights may be from attnlib's float64 ones,
+    in units of :math:`\varepsilon_{32}`, relative to each weight: widths for
+    :func:`attnlib.assert_rounding_close` with ``dtype=torch.float32``.
+
+    Hugging Face's eager Llama (and BLOOM) attention, run in float64, rounds to float32 in
+    two places:
+
+    - its softmax casts the scores to float32 (a relative :math:`u` each), subtracts the
+      row's maximum (:math:`u` of a difference up to :math:`2S`, :math:`S` the largest
+      :math:`|\text{score}|`), exponentiates (an ulp), sums :math:`n` terms and divides:
+      each weight is within :math:`u\,(6S + n + 5) \le \varepsilon_{32}\,(n + 4 + 4S)` of
+      the exact softmax of its scores, relative;
+    - with RoPE (``q``, ``k``, ``positions`` given), ``LlamaRotaryEmbedding``'s cos and sin
+      are float32: each is off by :math:`e = \alpha + \varepsilon_{32}` (the angle's error
+      :math:`\alpha`, :func:`~attnlib.decoding.rope.rope_angle_error` in float32, and an
+      ulp), which moves a rotated pair by at most :math:`2 e` times its norm, so a score
+      by at most :math:`4 e T`, :math:`T = \text{scale} \sum_\ell \lVert q_\ell \rVert
+      \lVert k_\ell \rVert` over the rotation's pairs; a weight then moves by :math:`8 e T`,
+      relative.
+
+    Returns ``(n, 4, ceil(4 S + 8 T e / eps32))``: the bound is
+    :math:`\varepsilon_{32}` times their sum, relative to each weight; the outputs,
+    :math:`\sum_j a_j v_j` then :math:`W^O`, are within the same multiple of
+    :math:`(|A|\,|V|)\,|W^O|`, plus float64's rounding.
+
+    Args:
+        scores: ``(..., n_q, n_k)``, the scaled scores (``-inf`` where masked).
+        q, k: ``(..., n_q, d_k)``, ``(..., n_k, d_k)``, the queries and keys (after RoPE or
+            before: pair norms do not change), rotate-half layout.
+        positions: the largest position rotated (or all of them).
+        base: RoPE's theta; scale: the scores' scale, default ``1/sqrt(d_k)``.
+    """
+    finite = scores[torch.isfinite(scores)]
+    s_max = float(finite.abs().max()) if finite.numel() else 0.0
+    rope = 0.0
+    if q is not None and k is not None and positions is not None:
+        d_k = q.shape[-1]
+        half = d_k // 2
+        q_pairs = (q[..., :half].square() + q[..., half:].square()).sqrt()  # (..., n_q, d_k/2)
+        k_pairs = (k[..., :half].square() + k[..., half:].square()).sqrt()  # (..., n_k, d_k/2)
+        t = float((q_pairs @ k_pairs.mT).max()) * (d_k**-0.5 if scale is None else scale)
+        eps32 = torch.finfo(torch.float32).eps
+        e = float(rope_angle_error(positions.flatten(), d_k, base, torch.float32).max()) / eps32 + 1
+        rope = 8 * t * e
+    n = scores.shape[-1]
+    return n, 4, max(1, math.ceil(4 * s_max + rope))

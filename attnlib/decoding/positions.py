@@ -32,8 +32,8 @@ from attnlib.decoding.grouped import DecoderAttention
 from attnlib.multihead import Device, DType
 from attnlib.records import AttentionWeights, record_tensors
 
-__all__ = ["sinusoidal_positions", "ScoreTerms", "score_terms", "alibi_slopes", "alibi_bias", "AlibiWeights",
-           "AlibiAttention"]
+__all__ = ["sinusoidal_positions", "ScoreTerms", "score_terms", "score_terms_bound", "alibi_slopes", "alibi_bias",
+           "AlibiWeights", "AlibiAttention"]
 
 
 def sinusoidal_positions(
@@ -86,6 +86,20 @@ class ScoreTerms(NamedTuple):
         return self.content_content + self.content_position + self.position_content + self.position_position
 
 
+def _check_terms_inputs(x_q: Tensor, e_q: Tensor, x_k: Tensor, e_k: Tensor, w_q: Tensor, w_k: Tensor) -> None:
+    """The argument checks of :func:`score_terms` and :func:`score_terms_bound`."""
+    for name, t in (("x_q", x_q), ("e_q", e_q), ("x_k", x_k), ("e_k", e_k), ("w_q", w_q), ("w_k", w_k)):
+        check_tensor(name, t)
+    if w_q.dim() != 2 or w_q.shape != w_k.shape:
+        raise ValueError(f"w_q and w_k must both have shape (d_model, d_k), got {format_shape(w_q)} and {format_shape(w_k)}")
+    d_model = w_q.shape[0]
+    for (a, ta), (b, tb) in ((("x_q", x_q), ("e_q", e_q)), (("x_k", x_k), ("e_k", e_k))):
+        if ta.shape != tb.shape:
+            raise ValueError(f"{a} and {b} must have one shape, got {format_shape(ta)} and {format_shape(tb)}")
+        if ta.dim() < 2 or ta.shape[-1] != d_model:
+            raise ValueError(f"{a} must have shape (..., n, d_model={d_model}), got {format_shape(ta)}")
+
+
 def score_terms(x_q: Tensor, e_q: Tensor, x_k: Tensor, e_k: Tensor, w_q: Tensor, w_k: Tensor) -> ScoreTerms:
     r"""Split the (unscaled) score of additive positions into its four terms.
 
@@ -109,19 +123,49 @@ def score_terms(x_q: Tensor, e_q: Tensor, x_k: Tensor, e_k: Tensor, w_q: Tensor,
         ValueError: ``x_q`` and ``e_q`` (or ``x_k`` and ``e_k``) of different shapes; a
             rank below 2; widths that do not match ``w_q``/``w_k`` ``(d_model, d_k)``.
     """
-    for name, t in (("x_q", x_q), ("e_q", e_q), ("x_k", x_k), ("e_k", e_k), ("w_q", w_q), ("w_k", w_k)):
-        check_tensor(name, t)
-    if w_q.dim() != 2 or w_q.shape != w_k.shape:
-        raise ValueError(f"w_q and w_k must both have shape (d_model, d_k), got {format_shape(w_q)} and {format_shape(w_k)}")
-    d_model = w_q.shape[0]
-    for (a, ta), (b, tb) in ((("x_q", x_q), ("e_q", e_q)), (("x_k", x_k), ("e_k", e_k))):
-        if ta.shape != tb.shape:
-            raise ValueError(f"{a} and {b} must have one shape, got {format_shape(ta)} and {format_shape(tb)}")
-        if ta.dim() < 2 or ta.shape[-1] != d_model:
-            raise ValueError(f"{a} must have shape (..., n, d_model={d_model}), got {format_shape(ta)}")
+    _check_terms_inputs(x_q, e_q, x_k, e_k, w_q, w_k)
     cq, eq = x_q @ w_q, e_q @ w_q  # (..., n_q, d_k): content and position parts of the queries
     ck, ek = x_k @ w_k, e_k @ w_k  # (..., n_k, d_k)
     return ScoreTerms(cq @ ck.mT, cq @ ek.mT, eq @ ck.mT, eq @ ek.mT)  # (..., n_q, n_k) each
+
+
+def score_terms_bound(x_q: Tensor, e_q: Tensor, x_k: Tensor, e_k: Tensor, w_q: Tensor, w_k: Tensor) -> Tensor:
+    r"""Elementwise bound on ``|score_terms(...).total() - ((x_q + e_q) @ w_q) @ ((x_k + e_k) @ w_k).mT|``.
+
+    Both sides are computed in the inputs' dtype (unit roundoff :math:`u`). The score
+    multiplies two projected vectors, and each projection is its own sum of length
+    :math:`d_{model}`: a term :math:`(a W^Q)(b W^K)^\top` is off by
+    :math:`\gamma_{2 d_{model} + d_k}\,|a|\,|W^Q|\,(|b|\,|W^K|)^\top`, and adding the four
+    terms costs :math:`\gamma_3` of their sum of sizes; the direct side rounds
+    :math:`x + e` (twice, one per factor), then the same three sums. Both are within their
+    error of the exact score, so they differ by at most
+
+    .. math::
+        \gamma_{4 d_{model} + 2 d_k + 5}\; S, \qquad
+        S = (|x_p| + |e_p|)\,|W^Q|\;\big((|x_j| + |e_j|)\,|W^K|\big)^\top ,
+
+    about :math:`\varepsilon\,(2 d_{model} + d_k + 2.5)\,S`, plus, for results in the
+    subnormal range (gradual underflow, IEEE's default; ``torch.set_flush_denormal(True)``
+    turns it off), at most :math:`\eta`, the subnormals' spacing, per rounding, the bound's
+    own included: :math:`\eta\,(3 d_{model} (\|A_p\|_1 + \|A_j\|_1) + 6 d_k + 3)` with
+    :math:`A_p = (|x_p| + |e_p|)|W^Q|`. Counting :math:`d_{model}` once, as if the score
+    were one sum, is not enough: the two projections' errors add up (chapter 8 shows an
+    input that reaches :math:`2 d_{model}\,\varepsilon`). Finite results only: an overflow
+    has no bound.
+
+    Shapes as for :func:`score_terms`; returns ``(..., n_q, n_k)``.
+    """
+    _check_terms_inputs(x_q, e_q, x_k, e_k, w_q, w_k)
+    d_model, d_k = w_q.shape
+    info = torch.finfo(w_q.dtype)
+    u = info.eps / 2
+    eta = info.eps * info.smallest_normal  # the spacing of the subnormals
+    a_q = (x_q.abs() + e_q.abs()) @ w_q.abs()  # (..., n_q, d_k)
+    a_k = (x_k.abs() + e_k.abs()) @ w_k.abs()  # (..., n_k, d_k)
+    k = 4 * d_model + 2 * d_k + 5
+    relative = k * u / (1 - k * u) * (a_q @ a_k.mT)  # (..., n_q, n_k)
+    l1 = a_q.sum(-1)[..., :, None] + a_k.sum(-1)[..., None, :]  # (..., n_q, n_k)
+    return relative + eta * (3 * d_model * l1 + 6 * d_k + 3)
 
 
 def alibi_slopes(

@@ -8,13 +8,15 @@ with dimension ``l + d_k/2`` and turned by the angle :math:`p\,\omega_\ell`,
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from attnlib.checks import check_tensor, check_width, format_shape
 
 __all__ = ["rope_inv_freq", "rope_angles", "rotate_half", "apply_rope", "rope_rotation",
-           "check_rope_base", "angle_dtype"]
+           "check_rope_base", "angle_dtype", "rope_frequency_error", "rope_angle_error", "rope_merged_bound"]
 
 
 def check_rope_base(base: object, name: str = "base") -> float:
@@ -168,3 +170,135 @@ def rope_rotation(
     r[idx + half, idx] = -sin
     return r.to(dtype)
 
+
+
+# ---- how far the rounded rotations may be off -------------------------------------------
+def _gamma(k: float, dtype: torch.dtype) -> float:
+    """Higham's gamma_k = k u / (1 - k u), u = eps(dtype) / 2: k roundings, compounded."""
+    u = torch.finfo(dtype).eps / 2
+    return k * u / (1 - k * u)
+
+
+def rope_frequency_error(d_k: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> Tensor:
+    r"""How far RoPE's frequencies, computed in ``dtype``, may be from :math:`\omega_\ell`, relative.
+
+    :func:`rope_inv_freq` (and Hugging Face's ``inv_freq``, in float32) computes
+    :math:`\omega_\ell = 1 / \text{base}^{t_\ell}` with :math:`t_\ell = 2\ell/d_k`. The
+    quotient :math:`t_\ell` is rounded once, :math:`\hat t = t(1 + \delta)` with
+    :math:`|\delta| \le u` (exact when :math:`d_k` is a power of two), and a relative
+    error :math:`\delta` in an exponent becomes :math:`t_\ell \ln(\text{base})\,\delta` in
+    the power, :math:`\text{base}^{t(1+\delta)} = \text{base}^t e^{t \delta \ln \text{base}}`:
+    the rounding of :math:`t_\ell` is amplified by :math:`\ln \text{base}` (9.2 for 10000,
+    13.1 for Llama 3's 500000). The power (one ulp, :math:`2u`) and the reciprocal
+    (:math:`u`) add three roundings:
+
+    .. math::  |\hat\omega_\ell - \omega_\ell| \le \gamma_{t_\ell \ln(\text{base}) + 3}\; \omega_\ell,
+        \qquad \gamma_k = \frac{k u}{1 - k u},\; u = \texttt{eps(dtype)} / 2 .
+
+    Returns:
+        ``(d_k/2,)`` float64, the bound on :math:`|\hat\omega_\ell - \omega_\ell| / \omega_\ell`.
+    """
+    check_width(d_k, "d_k", even=True)
+    log_base = math.log(check_rope_base(base))
+    t = torch.arange(0, d_k, 2, dtype=torch.float64) / d_k  # (d_k/2,): t_l = 2l/d_k
+    u = torch.finfo(dtype).eps / 2
+    k = t * log_base + 3  # (d_k/2,): roundings, the exponent's amplified
+    return k * u / (1 - k * u)
+
+
+def rope_angle_error(
+    positions: Tensor, d_k: int, base: float = 10000.0, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    r"""A bound on how far RoPE's angles, computed in ``dtype``, are from :math:`p\,\omega_\ell`.
+
+    The angle is :math:`\hat\theta = \mathrm{fl}(p\,\hat\omega_\ell)`: the frequency's error
+    (:func:`rope_frequency_error`) and one rounding of the product,
+
+    .. math::  |\hat\theta_{p,\ell} - p\,\omega_\ell| \le
+        |p|\,\omega_\ell\,\gamma_{t_\ell \ln(\text{base}) + 4} ,
+
+    and one rounding more where the position itself is not exact in ``dtype`` (beyond
+    :math:`2^{24}` in float32, where Hugging Face casts its positions).
+
+    Per radian of angle that is :math:`(t_\ell \ln \text{base} + 4)\,u`, up to about
+    :math:`6.6\,\varepsilon` for base 10000, more than one :math:`\varepsilon` wherever
+    :math:`2\ell/d_k` is rounded; per unit of position it is at most
+    :math:`\omega_\ell (t_\ell \ln \text{base} + 4)\,u \le (1/e + 4)\,u`, whatever the base
+    (:math:`t \ln(b)\, b^{-t} \le 1/e`). The angles are exact at position 0.
+
+    Args:
+        positions: ``(..., n)``, integer or real.
+        d_k, base: as for :func:`rope_angles`.
+        dtype: the dtype the frequencies and angles are computed in (float64 for attnlib
+            on CPU, float32 for Hugging Face's ``LlamaRotaryEmbedding``).
+
+    Returns:
+        ``(..., n, d_k/2)`` float64.
+    """
+    check_tensor("positions", positions)
+    rel = rope_frequency_error(d_k, base, dtype)  # (d_k/2,)
+    omega = rope_inv_freq(d_k, base, dtype=torch.float64)  # (d_k/2,)
+    u = torch.finfo(dtype).eps / 2
+    p = positions.to(torch.float64).abs()[..., None]  # (..., n, 1)
+    inexact = (p > 1 / u).to(torch.float64)  # (..., n, 1): the position rounds too
+    return p * omega * (rel + (1 + inexact) * u * (1 + rel))  # (..., n, d_k/2)
+
+
+def rope_merged_bound(w_q: Tensor, w_k: Tensor, p: int, j: int, base: float = 10000.0) -> Tensor:
+    r"""Elementwise bound on the rounding of ``w_q @ rope_rotation(p) @ rope_rotation(j).T @ w_k.T``.
+
+    In exact arithmetic that product is :math:`W^Q R_p R_j^\top {W^K}^\top = W^Q R_{p-j} {W^K}^\top`,
+    the merged matrix between a query at ``p`` and a key at ``j``. Computed in float64, it
+    is off by two kinds of error, each counted through the rotations (not through
+    :math:`|W^Q|\,|W^K|^\top`, which pairs coordinate :math:`\ell` of the query with
+    coordinate :math:`\ell` of the key only, while a rotation mixes :math:`\ell` with
+    :math:`\ell + d_k/2`):
+
+    - the rotations' entries: each of pair :math:`\ell`'s four entries is off by at most
+      :math:`\rho_\ell =` :func:`rope_angle_error` :math:`+ 2u` (the angle, then one ulp
+      of the cosine or sine); :math:`E_p` puts :math:`\rho_\ell` on those four entries;
+    - the three products: columns of :math:`R` hold two non-zeros, so the first two products
+      are sums of two terms (:math:`\gamma_2` each), the last one of :math:`d_k`.
+
+    .. math::
+        |\hat M - W^Q R_{p-j} {W^K}^\top| \le |W^Q| \big(\gamma_{d_k + 4}\, |\hat R_p|\, |\hat R_j|^\top
+        + E_p |\hat R_j|^\top + |\hat R_p|\, E_j^\top + E_p E_j^\top\big) |W^K|^\top ,
+
+    to first order in :math:`u` (:math:`\hat R` the rotations as computed), plus, for
+    entries in the subnormal range (gradual underflow), :math:`\eta`, the subnormals'
+    spacing, per rounding. Two such products
+    at a common offset (``p + s, j + s`` and ``p, j``) differ by at most the sum of their
+    bounds.
+
+    Args:
+        w_q, w_k: ``(d_model, d_k)`` float64, one head's :math:`W^Q, W^K`.
+        p, j: the query's and the key's positions (ints).
+
+    Returns:
+        ``(d_model, d_model)`` float64.
+    """
+    for name, w in (("w_q", w_q), ("w_k", w_k)):
+        check_tensor(name, w)
+        if w.dim() != 2 or w.dtype != torch.float64:
+            raise ValueError(f"{name} must be a float64 matrix (d_model, d_k), got {format_shape(w)} of {w.dtype}")
+    d_k = w_q.shape[1]
+    if w_k.shape[1] != d_k:
+        raise ValueError(f"w_q and w_k must have the same d_k, got {format_shape(w_q)} and {format_shape(w_k)}")
+    f64 = torch.float64
+    half = d_k // 2
+    idx = torch.arange(half)
+    pair = torch.zeros(d_k, d_k, dtype=f64)  # (d_k, d_k): pair l's four entries
+    pair[idx, idx] = pair[idx + half, idx + half] = pair[idx, idx + half] = pair[idx + half, idx] = 1.0
+
+    def entry_error(position: int) -> Tensor:  # (d_k, d_k): E_position
+        rho = rope_angle_error(torch.tensor([float(position)]), d_k, base)[0] + torch.finfo(f64).eps  # (d_k/2,)
+        return pair * torch.cat([rho, rho])[:, None]
+
+    r_p, r_j = rope_rotation(p, d_k, base).abs(), rope_rotation(j, d_k, base).abs()  # (d_k, d_k)
+    e_p, e_j = entry_error(p), entry_error(j)
+    core = _gamma(d_k + 4, f64) * r_p @ r_j.T + e_p @ r_j.T + r_p @ e_j.T + e_p @ e_j.T  # (d_k, d_k)
+    info = torch.finfo(f64)
+    eta = info.eps * info.smallest_normal  # the subnormals' spacing: underflow, per rounding
+    ones = torch.ones(1, d_k, dtype=f64)
+    underflow = eta * (2 * ones @ r_j.T @ w_k.abs().T + 2 * ones @ w_k.abs().T + 2 * d_k)  # (1, d_model)
+    return w_q.abs() @ core @ w_k.abs().T + underflow  # (d_model, d_model)
