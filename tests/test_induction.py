@@ -85,7 +85,7 @@ def test_block_index() -> None:
 
 
 # ---- the model -----------------------------------------------------------------------
-@examples(10)
+@examples(6)
 @given(seeds=st.lists(st.integers(0, 1000), min_size=1, max_size=3), batch=st.integers(1, 4), data=st.integers(0, 99))
 def test_batched_runs_equal_each_run_alone(seeds: list[int], batch: int, data: int) -> None:
     runs = InductionRuns(TASK, 8, 2, seeds, dtype=torch.float64)
@@ -470,12 +470,12 @@ def test_the_stored_survey_round_trips(tmp_path: Path) -> None:
 
 
 # ---- retraining: a seed outside the chapter's samples -------------------------------------------
-RETRAINED = 14  # a previous-token seed of the stored table, outside the chapter's samples (0-3 and 43)
+RETRAINED = 14  # a previous-token seed of the stored table, outside the chapter's samples (0, 2 and 43)
 
 
 def test_a_retrained_seed_finds_the_stored_mechanism() -> None:
     """Seed 14, retrained at the chapter's settings (48 seeds in the stored table; the chapter
-    measures seeds 0-3 from their shipped weights and retrains seed 43). Retrained under PyTorch's
+    measures seeds 0 and 2 from their shipped weights and retrains seed 43). Retrained under PyTorch's
     portable kernels its numbers moved by less than 0.001; the allowance below is the chapter's. Against the table: the
     same first step (kind and needed head), and the main numbers within the allowance the chapter
     states for retraining (another CPU's rounding moves training, not the mechanism). On the
