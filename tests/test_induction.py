@@ -16,10 +16,12 @@ from attnlib.induction import (
     CHAPTER_SETTINGS,
     KINDS,
     InductionRuns,
+    RepeatBatch,
     RepeatTask,
     ablation_accuracy,
     circuit_rates,
     composition_ceiling,
+    composition_table,
     composition_score,
     composition_scores,
     diagonal_rate,
@@ -374,6 +376,10 @@ def test_the_token_and_position_parts_add_up_to_the_stream() -> None:
         part_accuracy(runs, batch, [0], "token")
     with pytest.raises(ValueError, match="parts"):
         runs(tokens, parts=torch.ones(2, 2))
+    with pytest.raises(TypeError, match="InductionRuns"):
+        part_accuracy("runs", batch, [0, 1], "token")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="InductionRuns"):
+        previous_by_position("runs", batch)  # type: ignore[arg-type]
     assert acc.shape == (2,)
 
 
@@ -387,6 +393,9 @@ def test_previous_by_position_is_the_mean_over_first_blocks() -> None:
         inside = batch.period > i
         want = maps[0][0, inside, :, i, i - 1].double().mean(0)  # (h,)
         torch.testing.assert_close(got[0, :, i - 1], want)
+    short = RepeatBatch(batch.tokens[:1], torch.tensor([3]))  # no first block reaches position 3
+    with pytest.raises(ValueError, match="first block"):
+        previous_by_position(runs, short)
 
 
 def test_data_seeds_set_the_stream_and_not_the_start() -> None:
@@ -418,6 +427,18 @@ def test_virtual_circuits_are_the_products_of_the_circuits() -> None:
             assert_rounding_close(c["copying"][r, b], E @ ov_circuit(l1, b).full().double() @ U, 8, 8, 8)
     rates = circuit_rates(runs)
     assert rates["K"].shape == (2, 2, 2) and rates["copying"].shape == (2, 2)
+    with pytest.raises(TypeError, match="InductionRuns"):
+        head_circuits("runs", 0)  # type: ignore[arg-type]
+
+
+def test_composition_table_is_composition_scores_for_every_run() -> None:
+    runs = small_runs([6, 7])
+    scores, shares = composition_table(runs)  # (R, 3, h0, h1) each
+    for r in range(2):
+        for k, kind in enumerate(KINDS):
+            want = composition_scores(runs.layer(r, 0), runs.layer(r, 1), kind)
+            assert_rounding_close(scores[r, k], want, 8, 8, 8)
+    assert ((0 < shares) & (shares <= 1 + 1e-12)).all()
 
 
 def test_diagonal_rate_by_hand() -> None:

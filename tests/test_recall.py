@@ -338,7 +338,7 @@ def test_survey_errors() -> None:
         train_survey([1, 1])
     with pytest.raises(ValueError, match="test seed"):
         train_survey([TEST_SEED])
-    group = train_group(TASK, {"2": dict(d_k=2)}, [0], steps=2, batch_size=4)
+    group = train_group(TASK, {"2": {"d_k": 2}}, [0], steps=2, batch_size=4)
     assert group.members("2") == [0] and group.losses.shape == (2, 1)
     with pytest.raises(KeyError, match="no run is labelled"):
         group.members("16")

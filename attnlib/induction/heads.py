@@ -134,4 +134,7 @@ def previous_by_position(runs: InductionRuns, batch: RepeatBatch, layer: int = 0
     i = torch.arange(1, runs.task.max_period)  # (I,)
     before = maps[layer][:, :, :, i, i - 1].double()  # (R, B, h, I)
     inside = (i[None, :] < period[:, None]).double()  # (B, I): i lies in the first block
+    if (inside.sum(0) == 0).any():
+        raise ValueError(f"batch needs, for each position 1 .. {runs.task.max_period - 1}, a sequence whose "
+                         f"first block holds it (a period above it); periods here: {sorted(set(period.tolist()))}")
     return (before * inside[None, :, None]).sum(1) / inside.sum(0)  # (R, h, I)

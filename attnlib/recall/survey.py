@@ -19,15 +19,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Required, TypedDict
 
 import torch
 from torch import Tensor
 
-from attnlib.recall.head import block_fractions
-from attnlib.recall.runs import RecallRuns, train_recall_runs
+from attnlib.recall.head import Loss, block_fractions
+from attnlib.recall.runs import RecallRuns, Target, train_recall_runs
 from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 
-__all__ = ["SURVEY_SEEDS", "CONFIGS", "TEST_SEED", "SurveyGroup", "RecallSurvey", "SurveyTable",
+__all__ = ["SURVEY_SEEDS", "CONFIGS", "HeadConfig", "TEST_SEED", "SurveyGroup", "RecallSurvey", "SurveyTable",
            "train_group", "train_survey", "survey_numbers", "load_survey", "save_survey",
            "compare_with_survey"]
 
@@ -36,17 +37,31 @@ TEST_SEED = 1000  # the test books' generator: no training seed
 F64 = torch.float64
 TASK = PhoneBookTask(n_names=12, n_numbers=4, n_pairs=4)
 
+
+
+class HeadConfig(TypedDict, total=False):
+    """What differs from the squared-error head of width ``d_k`` with centred targets and
+    weight decay 0.05 (the arguments of :class:`RecallRuns` and :func:`train_recall_runs`)."""
+
+    d_k: Required[int]
+    search: bool
+    tie_vk: bool
+    weight_decay: float
+    loss: Loss
+    target: Target
+
+
 # label -> what differs from the squared-error head of width d_k (centred targets, weight decay 0.05)
-CONFIGS: dict[str, dict[str, object]] = {
-    **{str(d): dict(d_k=d) for d in (1, 2, 4, 8, 16)},
-    "never searches": dict(d_k=16, search=False),
-    "tied 4": dict(d_k=4, tie_vk=True), "tied 8": dict(d_k=8, tie_vk=True),
-    "tied 4, cross-entropy": dict(d_k=4, tie_vk=True, loss="cross_entropy"),
-    "one-hot 16": dict(d_k=16, target="one_hot"),
-    "no decay 2": dict(d_k=2, weight_decay=0.0),
-    "no decay 16": dict(d_k=16, weight_decay=0.0),
-    "cross-entropy 2": dict(d_k=2, loss="cross_entropy"),
-    "cross-entropy 16": dict(d_k=16, loss="cross_entropy"),
+CONFIGS: dict[str, HeadConfig] = {
+    **{str(d): {"d_k": d} for d in (1, 2, 4, 8, 16)},
+    "never searches": {"d_k": 16, "search": False},
+    "tied 4": {"d_k": 4, "tie_vk": True}, "tied 8": {"d_k": 8, "tie_vk": True},
+    "tied 4, cross-entropy": {"d_k": 4, "tie_vk": True, "loss": "cross_entropy"},
+    "one-hot 16": {"d_k": 16, "target": "one_hot"},
+    "no decay 2": {"d_k": 2, "weight_decay": 0.0},
+    "no decay 16": {"d_k": 16, "weight_decay": 0.0},
+    "cross-entropy 2": {"d_k": 2, "loss": "cross_entropy"},
+    "cross-entropy 16": {"d_k": 16, "loss": "cross_entropy"},
 }
 # the other tasks, 150 steps: (names, numbers) -> widths
 MORE = {(26, 4): (3, 2), (13, 8): (3, 7), (12, 4): (2,)}
@@ -72,20 +87,19 @@ class SurveyGroup:
         return found
 
 
-def train_group(task: PhoneBookTask, configs: dict[str, dict[str, object]], seeds: Sequence[int],
+def train_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
                 steps: int = 300, batch_size: int = 128, pairing: Pairing = "all") -> SurveyGroup:
     """Every ``configs`` head (keys ``d_k`` and optionally ``search``, ``tie_vk``, ``weight_decay``,
     ``loss``, ``target``) for every seed, trained as one :class:`RecallRuns` in float64."""
     plan = [(label, s) for label in configs for s in seeds]
     cfg = [configs[label] for label, _ in plan]
-    runs = RecallRuns(task.d_model, task.n_numbers, [int(c["d_k"]) for c in cfg],  # type: ignore[call-overload]
-                      [s for _, s in plan], [bool(c.get("search", True)) for c in cfg],
-                      [bool(c.get("tie_vk", False)) for c in cfg], dtype=F64)
+    runs = RecallRuns(task.d_model, task.n_numbers, [c["d_k"] for c in cfg], [s for _, s in plan],
+                      [c.get("search", True) for c in cfg], [c.get("tie_vk", False) for c in cfg], dtype=F64)
     losses = train_recall_runs(
         runs, task, steps=steps, batch_size=batch_size, pairing=pairing,
-        weight_decay=[float(c.get("weight_decay", 0.05)) for c in cfg],  # type: ignore[arg-type]
-        loss=[c.get("loss", "squared") for c in cfg],  # type: ignore[misc]
-        target=[c.get("target", "centred") for c in cfg])  # type: ignore[misc]
+        weight_decay=[c.get("weight_decay", 0.05) for c in cfg],
+        loss=[c.get("loss", "squared") for c in cfg],
+        target=[c.get("target", "centred") for c in cfg])
     return SurveyGroup(task, runs, [label for label, _ in plan], [s for _, s in plan], losses)
 
 
@@ -115,11 +129,11 @@ def train_survey(seeds: Sequence[int], main_only: bool = False) -> RecallSurvey:
     if main_only:
         return RecallSurvey(seeds, main, untrained, None, {}, None)
     t14 = PhoneBookTask(n_names=14, n_numbers=4, n_pairs=4)
-    wide = train_group(t14, {"centred": dict(d_k=3), "one-hot": dict(d_k=3, target="one_hot")}, seeds)
+    wide = train_group(t14, {"centred": {"d_k": 3}, "one-hot": {"d_k": 3, "target": "one_hot"}}, seeds)
     more = {(n, m): train_group(PhoneBookTask(n_names=n, n_numbers=m, n_pairs=4),
-                                {f"{n} {m} {d}": dict(d_k=d) for d in widths}, seeds, steps=150)
+                                {f"{n} {m} {d}": {"d_k": d} for d in widths}, seeds, steps=150)
             for (n, m), widths in MORE.items()}
-    parity = train_group(TASK, {f"parity {d}": dict(d_k=d) for d in (16, 8, 4)}, seeds, pairing="even")
+    parity = train_group(TASK, {f"parity {d}": {"d_k": d} for d in (16, 8, 4)}, seeds, pairing="even")
     return RecallSurvey(seeds, main, untrained, wide, more, parity)
 
 
