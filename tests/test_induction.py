@@ -14,20 +14,35 @@ from hypothesis import strategies as st
 from attnlib import FactoredMatrix, assert_rounding_close, rounding_tolerance
 from attnlib.induction import (
     CHAPTER_SETTINGS,
+    KINDS,
     InductionRuns,
+    RepeatBatch,
     RepeatTask,
     ablation_accuracy,
+    circuit_rates,
     composition_ceiling,
+    composition_table,
     composition_score,
     composition_scores,
+    diagonal_rate,
     frobenius,
+    head_circuits,
+    layer0_kinds,
+    load_induction_survey,
     load_runs,
+    part_accuracy,
     pattern_masks,
     pattern_scores,
+    previous_by_position,
     random_composition_scores,
+    save_induction_survey,
     save_runs,
+    seed_numbers,
     train_induction,
+    virtual_circuits,
 )
+from attnlib.induction.survey import TEST_SEED
+from attnlib.lowrank import ov_circuit, qk_circuit
 from attnlib.induction.explorer import composition_explorer
 from strategies import examples
 
@@ -72,7 +87,7 @@ def test_block_index() -> None:
 
 
 # ---- the model -----------------------------------------------------------------------
-@examples(10)
+@examples(6)
 @given(seeds=st.lists(st.integers(0, 1000), min_size=1, max_size=3), batch=st.integers(1, 4), data=st.integers(0, 99))
 def test_batched_runs_equal_each_run_alone(seeds: list[int], batch: int, data: int) -> None:
     runs = InductionRuns(TASK, 8, 2, seeds, dtype=torch.float64)
@@ -143,6 +158,18 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     save_file({"x": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
     with pytest.raises(ValueError, match="metadata"):
         load_runs(tmp_path / "other.safetensors")
+
+
+def test_select_copies_the_listed_runs() -> None:
+    runs = small_runs([4, 5, 6])
+    picked = runs.select([2, 0])
+    assert picked.seeds == [6, 4] and picked.task == runs.task
+    for name, p in picked.state_dict().items():
+        torch.testing.assert_close(p, runs.state_dict()[name][[2, 0]], rtol=0, atol=0)
+    with pytest.raises(IndexError):
+        runs.select([3])
+    with pytest.raises(ValueError, match="at least one"):
+        runs.select([])
 
 
 def test_the_shipped_runs_are_the_chapters() -> None:
@@ -325,21 +352,179 @@ def test_composition_explorer_embeds_the_scores() -> None:
         composition_explorer(runs, (0.1, 0.2), default=(2, 0))
 
 
-# ---- retraining: a smaller model, from scratch ----------------------------------------------
-def test_a_smaller_retrained_model_grows_an_induction_head() -> None:
-    """A smaller model than the chapter's (d_model 16 instead of 32, 250 steps instead of 400,
-    learning rate 0.03) on the chapter's task, for seed 100, outside the shipped seeds 0-11.
-    In 7 of the 8 seeds 100-107 such a model learns the task in 250 steps (seed 107 does not yet);
-    the properties checked are the robust ones: accuracy far above chance and the order-blind
-    guess (about 0.2), a layer-1 head that is an induction head, and chance again without both
-    layer-1 heads. Which layer-0 mechanism a seed finds varies (the chapter counts them)."""
+# ---- the two parts of a layer-0 head's values, data streams -----------------------------------
+def test_the_token_and_position_parts_add_up_to_the_stream() -> None:
+    runs = small_runs([0, 1])
+    tokens = TASK.sample(4, torch.Generator().manual_seed(3)).tokens.expand(2, -1, -1)
+    parts = torch.ones(2, 2, 2, dtype=torch.float64)
+    with torch.no_grad():
+        plain, _ = runs(tokens)
+        both, _ = runs(tokens, parts=parts)  # token part + position part = x^(0)
+        assert_rounding_close(both, plain, 8, 12, 8)
+        parts[0, 1] = torch.tensor([1.0, 0.0])  # run 0, head 1: the token part only
+        token_only, maps = runs(tokens, parts=parts)
+        torch.testing.assert_close(token_only[1], plain[1])  # run 1 untouched
+        assert not torch.allclose(token_only[0], plain[0])
+        _, maps_plain = runs(tokens)
+        torch.testing.assert_close(maps[0], maps_plain[0])  # attention itself unchanged
+    batch = TASK.sample(8, torch.Generator().manual_seed(4))
+    acc = ablation_accuracy(runs, batch, [])
+    assert part_accuracy(runs, batch, [0, 1], "token").shape == (2,)
+    with pytest.raises(ValueError, match="part"):
+        part_accuracy(runs, batch, [0, 1], "value")
+    with pytest.raises(ValueError, match="one layer-0 head"):
+        part_accuracy(runs, batch, [0], "token")
+    with pytest.raises(ValueError, match="parts"):
+        runs(tokens, parts=torch.ones(2, 2))
+    with pytest.raises(TypeError, match="InductionRuns"):
+        part_accuracy("runs", batch, [0, 1], "token")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="InductionRuns"):
+        previous_by_position("runs", batch)  # type: ignore[arg-type]
+    assert acc.shape == (2,)
+
+
+def test_previous_by_position_is_the_mean_over_first_blocks() -> None:
+    runs = small_runs([2])
+    batch = TASK.sample(16, torch.Generator().manual_seed(5))
+    got = previous_by_position(runs, batch)  # (1, h, max_period - 1)
+    with torch.no_grad():
+        _, maps = runs(batch.tokens[None])
+    for i in range(1, TASK.max_period):
+        inside = batch.period > i
+        want = maps[0][0, inside, :, i, i - 1].double().mean(0)  # (h,)
+        torch.testing.assert_close(got[0, :, i - 1], want)
+    short = RepeatBatch(batch.tokens[:1], torch.tensor([3]))  # no first block reaches position 3
+    with pytest.raises(ValueError, match="first block"):
+        previous_by_position(runs, short)
+
+
+def test_data_seeds_set_the_stream_and_not_the_start() -> None:
+    a = small_runs([0, 0])
+    train_induction(a, steps=2, batch_size=4, data_seeds=[0, 1])
+    b = small_runs([0])
+    train_induction(b, steps=2, batch_size=4)  # default: the run's own seed
+    torch.testing.assert_close(a.w_q[0], b.w_q[0], rtol=0, atol=0)
+    assert not torch.equal(a.w_q[0], a.w_q[1])  # same start, other data
+    with pytest.raises(ValueError, match="data_seeds"):
+        train_induction(a, steps=1, data_seeds=[0])
+
+
+# ---- the full circuits ----------------------------------------------------------------------
+def test_virtual_circuits_are_the_products_of_the_circuits() -> None:
+    runs = small_runs([4, 5])
+    c = virtual_circuits(runs)
+    for r in range(2):
+        l0, l1 = runs.layer(r, 0), runs.layer(r, 1)
+        E, P, U = (t.detach()[r].double() for t in (runs.embed, runs.pos, runs.unembed))
+        for a in range(2):
+            ov0 = ov_circuit(l0, a).full().double()
+            assert_rounding_close(head_circuits(runs, 0)[1][r, a], ov0, 8, 8)
+            for b in range(2):
+                qk1 = qk_circuit(l1, b).full().double()
+                assert_rounding_close(c["K"][r, a, b], E @ qk1 @ (E @ ov0).T, 8, 8, 8, 8)
+                assert_rounding_close(c["positional"][r, a, b], P @ ov0 @ qk1 @ P.T, 8, 8, 8, 8)
+        for b in range(2):
+            assert_rounding_close(c["copying"][r, b], E @ ov_circuit(l1, b).full().double() @ U, 8, 8, 8)
+    rates = circuit_rates(runs)
+    assert rates["K"].shape == (2, 2, 2) and rates["copying"].shape == (2, 2)
+    with pytest.raises(TypeError, match="InductionRuns"):
+        head_circuits("runs", 0)  # type: ignore[arg-type]
+
+
+def test_composition_table_is_composition_scores_for_every_run() -> None:
+    runs = small_runs([6, 7])
+    scores, shares = composition_table(runs)  # (R, 3, h0, h1) each
+    for r in range(2):
+        for k, kind in enumerate(KINDS):
+            want = composition_scores(runs.layer(r, 0), runs.layer(r, 1), kind)
+            assert_rounding_close(scores[r, k], want, 8, 8, 8)
+    assert ((0 < shares) & (shares <= 1 + 1e-12)).all()
+
+
+def test_diagonal_rate_by_hand() -> None:
+    m = torch.tensor([[3.0, 1.0, 0.0], [0.0, 2.0, 5.0], [1.0, 0.0, 0.5]])
+    assert diagonal_rate(m).item() == pytest.approx(1 / 3)  # row 0 only
+    assert diagonal_rate(m, offset=1).item() == pytest.approx(1 / 2)  # rows 0, 1: row 1 peaks at 2
+    assert diagonal_rate(m, offset=1, rows=1).item() == 0.0
+    assert diagonal_rate(torch.eye(4)[None].expand(3, 4, 4)).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="do not fit"):
+        diagonal_rate(m, offset=1, rows=3)
+    with pytest.raises(ValueError, match="tensor"):
+        diagonal_rate(torch.ones(3))
+
+
+# ---- the first step a run found ---------------------------------------------------------------
+def _numbers(acc: float, none: float, ablated: tuple[float, float], previous: tuple[float, float],
+             duplicate: tuple[float, float]) -> dict[str, list[float]]:
+    out = {"accuracy": [acc], "ablated | both L0": [none]}
+    for a in range(2):
+        out[f"ablated | L0 h{a}"] = [ablated[a]]
+        out[f"previous, first block | L0 h{a}"] = [previous[a]]
+        out[f"first duplicate | L0 h{a}"] = [duplicate[a]]
+    return out
+
+
+@pytest.mark.parametrize("ablated, previous, duplicate, kind, needed", [
+    ((0.20, 0.99), (0.97, 0.10), (0.05, 0.40), "previous-token", 0),
+    ((0.99, 0.21), (0.20, 0.01), (0.05, 0.95), "duplicate-token", 1),
+    ((0.40, 0.98), (0.95, 0.60), (0.05, 0.05), "previous-token with backup", 0),  # keeps 0.25
+    ((0.78, 0.80), (0.00, 0.92), (0.82, 0.04), "shared", None),  # each ablation costs
+    ((0.21, 0.99), (0.50, 0.10), (0.50, 0.10), "other", 0),
+])
+def test_layer0_kinds(ablated: tuple[float, float], previous: tuple[float, float], duplicate: tuple[float, float],
+                      kind: str, needed: int | None) -> None:
+    (got,) = layer0_kinds(_numbers(1.0, 0.2, ablated, previous, duplicate))
+    assert (got.kind, got.needed) == (kind, needed)
+    assert got.kept == pytest.approx(tuple((x - 0.2) / 0.8 for x in ablated))
+
+
+def test_the_stored_survey_round_trips(tmp_path: Path) -> None:
+    survey = load_induction_survey()
+    assert set(survey) == {"seeds", "same start", "same data"}
+    assert survey["seeds"].seeds == tuple(range(48)) and len(survey["same start"].seeds) == 12
+    tables = {part: (t.seeds, t.numbers) for part, t in survey.items()}
+    save_induction_survey(tables, tmp_path / "s.json")  # type: ignore[arg-type]
+    back = load_induction_survey(tmp_path / "s.json")
+    assert back["seeds"].numbers == survey["seeds"].numbers
+    with pytest.raises(ValueError, match="parts"):
+        save_induction_survey({"seeds": tables["seeds"]}, tmp_path / "t.json")  # type: ignore[dict-item]
+
+
+# ---- retraining: a seed outside the chapter's samples -------------------------------------------
+RETRAINED = 14  # a previous-token seed of the stored table, outside the chapter's samples (0, 2 and 43)
+
+
+def test_a_retrained_seed_finds_the_stored_mechanism() -> None:
+    """Seed 14, retrained at the chapter's settings (48 seeds in the stored table; the chapter
+    measures seeds 0 and 2 from their shipped weights and retrains seed 43). Retrained under PyTorch's
+    portable kernels its numbers moved by less than 0.001; the allowance below is the chapter's. Against the table: the
+    same first step (kind and needed head), and the main numbers within the allowance the chapter
+    states for retraining (another CPU's rounding moves training, not the mechanism). On the
+    retrained model itself: the layer-0 mechanism (the needed head attends to the previous token,
+    copies the token and not the position), and the composition that reads it (the K-composition
+    circuit matches a token with itself, the largest composition score is K from that head, the
+    layer-1 heads are induction heads that copy, and without them the model is at chance)."""
     torch.set_num_threads(1)
     s = CHAPTER_SETTINGS
     task = RepeatTask(s["n_vocab"], s["seq_len"], s["min_period"], s["max_period"])
-    runs = InductionRuns(task, 16, 2, seeds=[100])
-    assert 100 not in s["seeds"]
-    train_induction(runs, steps=250, batch_size=s["batch_size"], lr=0.03)
-    test = task.sample(256, torch.Generator().manual_seed(1))
-    assert ablation_accuracy(runs, test, [])[0] >= 0.8
-    assert ablation_accuracy(runs, test, [(1, 0), (1, 1)])[0] <= 0.15
-    assert pattern_scores(runs, test)["induction"][0, 1].max() >= 0.7
+    runs = InductionRuns(task, s["d_model"], s["num_heads"], seeds=[RETRAINED])
+    train_induction(runs, steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"])
+    got = seed_numbers(runs, task.sample(256, torch.Generator().manual_seed(TEST_SEED)))
+    table = load_induction_survey()["seeds"]
+    (kind,) = layer0_kinds(got)
+    stored = layer0_kinds(table)[table.seeds.index(RETRAINED)]
+    assert (kind.kind, kind.needed) == (stored.kind, stored.needed) == ("previous-token", kind.needed)
+    for key in ("accuracy", "ablated | both L0", "ablated | both L1", "induction | L1 h0", "induction | L1 h1"):
+        assert abs(got[key][0] - table.of(key, [RETRAINED]).item()) <= 0.05, key
+    a = kind.needed
+    n = {key: v[0] for key, v in got.items()}
+    assert n["accuracy"] >= 0.95 and n[f"ablated | L0 h{a}"] <= 0.35 and n[f"ablated | L0 h{1 - a}"] >= 0.9
+    assert n[f"previous, first block | L0 h{a}"] >= 0.9  # it attends to the token before
+    assert n[f"token part only | L0 h{a}"] >= 0.9 and n[f"position part only | L0 h{a}"] <= 0.4  # copies the token
+    assert min(n[f"K circuit | L0 h{a} -> L1 h{b}"] for b in range(2)) >= 0.9
+    assert max(n[f"K circuit | L0 h{1 - a} -> L1 h{b}"] for b in range(2)) <= 0.5
+    best = max((n[f"{k}-composition | L0 h{x} -> L1 h{b}"], k, x) for k in KINDS for x in range(2) for b in range(2))
+    assert best[1:] == ("K", a)
+    assert min(n[f"induction | L1 h{b}"] for b in range(2)) >= 0.8
+    assert min(n[f"copying circuit | L1 h{b}"] for b in range(2)) >= 0.9
+    assert n["ablated | both L1"] <= 0.15

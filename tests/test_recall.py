@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,12 +13,30 @@ from torch.testing import assert_close
 
 from attnlib import attention
 from attnlib.lowrank import ov_circuit, qk_circuit
-from attnlib.recall import PhoneBookTask, RecallHead, RecallRuns, block_fractions, train_recall, train_recall_runs
+from attnlib.recall import (
+    CONFIGS,
+    SURVEY_SEEDS,
+    TEST_SEED,
+    PhoneBookTask,
+    RecallHead,
+    RecallRuns,
+    SurveyTable,
+    block_fractions,
+    compare_with_survey,
+    load_survey,
+    save_survey,
+    survey_numbers,
+    train_group,
+    train_recall,
+    train_recall_runs,
+    train_survey,
+)
 from strategies import examples
 
 F64 = torch.float64
 FAST = examples(20)
 TASK = PhoneBookTask(n_names=6, n_numbers=4, n_pairs=3)
+TASK12 = PhoneBookTask(n_names=12, n_numbers=4, n_pairs=4)  # chapter 7's task
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -138,14 +157,6 @@ def test_switched_off_heads_stay_zero_and_training_is_deterministic() -> None:
     assert torch.equal(a.attn.w_q, b.attn.w_q)
     ce = train_recall(RecallHead(TASK.d_model, TASK.n_numbers, 2, dtype=F64), TASK, steps=2, loss="cross_entropy")
     assert len(ce) == 2 and all(math.isfinite(v) for v in ce)
-
-
-def test_a_small_head_learns() -> None:
-    task = PhoneBookTask(4, 2, 2)
-    model = RecallHead(task.d_model, task.n_numbers, d_k=6, dtype=F64)
-    losses = train_recall(model, task, steps=60, batch_size=64)
-    assert losses[-1] < 0.1 * losses[0]
-    assert model.accuracy(task.sample(200, _gen(9), dtype=F64)) > 0.95
 
 
 def test_model_and_training_errors() -> None:
@@ -271,3 +282,63 @@ def test_runs_errors() -> None:
         train_recall_runs(runs, TASK, steps=1, weight_decay=[0.1])
     with pytest.raises(ValueError, match=r"runs.readout must have shape \(R, d_model, n_numbers\) = \(R, 12, 4\)"):
         train_recall_runs(runs, PhoneBookTask(8, 4, 2), steps=1)
+
+
+# ---- chapter 7's survey: the stored per-seed numbers ----------------------------------------------
+def test_a_seed_outside_the_chapters_sample_reproduces_the_stored_numbers() -> None:
+    """Chapter 7 retrains seeds 0-4 and compares them with the stored table of seeds 0-39; here
+    seed 23, outside that sample, is retrained (the main task's 14 heads) and every one of its
+    numbers checked against the table. It also learns: the width-16 head answers every test book
+    (``train_recall_runs`` trains as ``train_recall`` does, test_runs_train_as_train_recall), and
+    RecallHead.accuracy agrees with the stored accuracy."""
+    torch.set_num_threads(1)
+    table = load_survey()
+    assert table.seeds == SURVEY_SEEDS and 23 in table.seeds
+    survey = train_survey([23], main_only=True)
+    numbers = survey_numbers(survey)
+    assert len(numbers) > 100 and all(f"accuracy | {label}" in numbers for label in CONFIGS)
+    assert compare_with_survey(numbers, [23], table) == len(numbers)
+    assert numbers["accuracy | 16"] == [1.0] and numbers["accuracy | untrained 16"][0] < 0.4
+    head = survey.main.runs.head(survey.main.members("16")[0])  # the trained width-16 head alone
+    test = TASK12.sample(1000, _gen(TEST_SEED), dtype=F64)
+    assert head.accuracy(test) == numbers["accuracy | 16"][0]
+
+
+def test_the_comparison_refuses_what_differs(tmp_path: Path) -> None:
+    table = load_survey()
+    row = {key: table.of(key, [5, 6]).tolist() for key in table.numbers}
+    assert compare_with_survey(row, [5, 6], table) == 2 * len(row)
+    moved = {**row, "accuracy | 2": [row["accuracy | 2"][0], row["accuracy | 2"][1] + 1e-3]}
+    with pytest.raises(AssertionError, match=r"'accuracy \| 2', seed 6"):
+        compare_with_survey(moved, [5, 6], table)
+    with pytest.raises(AssertionError, match="not in the table"):
+        compare_with_survey({**row, "speed | 16": [1.0, 1.0]}, [5, 6], table)
+    with pytest.raises(KeyError, match="not in the table"):
+        table.of("accuracy | 16", [40])
+    with pytest.raises(KeyError, match="no measurement"):
+        table["speed | 16"]
+    save_survey(row, [5, 6], tmp_path / "t.json")
+    back = load_survey(tmp_path / "t.json")
+    assert back.seeds == (5, 6) and compare_with_survey(row, [5, 6], back) == 2 * len(row)
+    assert isinstance(back, SurveyTable)
+
+
+def test_the_stored_table_holds_what_chapter_7_reports() -> None:
+    """The rates the chapter states, read from the stored table (seeds 0-39)."""
+    t = load_survey()
+    assert len(t.seeds) == 40 and all(len(v) == 40 for v in t.numbers.values())
+    assert (t["accuracy | 16"] == 1.0).all() and (t["accuracy | 4"] == 1.0).all()
+    assert ((t["accuracy | 2"] < 0.8).double().mean() >= 0.9)
+    ceiling = 960 / 1980  # the rank-one search by name
+    assert ((t["match read most, every book | 1"] - ceiling).abs() < 0.01).all()
+
+
+def test_survey_errors() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        train_survey([1, 1])
+    with pytest.raises(ValueError, match="test seed"):
+        train_survey([TEST_SEED])
+    group = train_group(TASK, {"2": {"d_k": 2}}, [0], steps=2, batch_size=4)
+    assert group.members("2") == [0] and group.losses.shape == (2, 1)
+    with pytest.raises(KeyError, match="no run is labelled"):
+        group.members("16")

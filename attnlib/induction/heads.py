@@ -25,7 +25,7 @@ from attnlib.checks import check_tensor, format_shape
 from attnlib.induction.data import RepeatBatch
 from attnlib.induction.model import N_LAYERS, InductionRuns
 
-__all__ = ["PATTERNS", "pattern_masks", "pattern_scores", "ablation_accuracy"]
+__all__ = ["PATTERNS", "pattern_masks", "pattern_scores", "ablation_accuracy", "part_accuracy", "previous_by_position"]
 
 PATTERNS = ("previous", "duplicate", "first duplicate", "induction", "first induction", "latest induction")
 
@@ -97,3 +97,44 @@ def ablation_accuracy(runs: InductionRuns, batch: RepeatBatch, heads: list[tuple
     R = runs.n_runs
     acc, _ = runs.score(batch.tokens.expand(R, -1, -1), batch.period.expand(R, -1), keep.to(runs.embed.dtype))
     return acc
+
+
+def part_accuracy(runs: InductionRuns, batch: RepeatBatch, heads: list[int], part: str) -> Tensor:
+    r"""Accuracy (on the positions the repeat decides) when layer-0 head ``heads[r]`` of run ``r``
+    reads only one part of the stream as its values: ``part="token"``, :math:`W_E[t_j]`;
+    ``part="position"``, :math:`W_{pos}[j]` (the ``parts`` of :meth:`InductionRuns.forward`).
+    Its attention and every other head are left as they are. ``(R,)``.
+
+    A head that copies a token keeps its model working on the token part alone; one that copies
+    a position, on the position part alone."""
+    if not isinstance(runs, InductionRuns):
+        raise TypeError(f"runs must be an InductionRuns, got {type(runs).__name__}")
+    if part not in ("token", "position"):
+        raise ValueError(f"part must be 'token' or 'position', got {part!r}")
+    if len(heads) != runs.n_runs or any(not 0 <= h < runs.num_heads for h in heads):
+        raise ValueError(f"heads must give one layer-0 head (0 .. {runs.num_heads - 1}) per run, got {heads!r}")
+    parts = torch.ones(runs.n_runs, runs.num_heads, 2, dtype=runs.embed.dtype)
+    parts[torch.arange(runs.n_runs), torch.tensor(heads), 1 if part == "token" else 0] = 0.0
+    R = runs.n_runs
+    acc, _ = runs.score(batch.tokens.expand(R, -1, -1), batch.period.expand(R, -1), parts=parts)
+    return acc
+
+
+def previous_by_position(runs: InductionRuns, batch: RepeatBatch, layer: int = 0) -> Tensor:
+    r"""Each head's weight on the position just before, :math:`A_{i,i-1}`, averaged per query
+    position ``i`` over the sequences whose first block contains ``i`` (``1 <= i < p``):
+    ``(R, h, max_period - 1)`` for ``i = 1 .. max_period - 1``, float64. The mean over the
+    first block weights early positions more (every sequence has them); this shows each one."""
+    if not isinstance(runs, InductionRuns):
+        raise TypeError(f"runs must be an InductionRuns, got {type(runs).__name__}")
+    tokens, period = batch
+    R = runs.n_runs
+    with torch.no_grad():
+        _, maps = runs(tokens.expand(R, -1, -1))  # per layer (R, B, h, T, T)
+    i = torch.arange(1, runs.task.max_period)  # (I,)
+    before = maps[layer][:, :, :, i, i - 1].double()  # (R, B, h, I)
+    inside = (i[None, :] < period[:, None]).double()  # (B, I): i lies in the first block
+    if (inside.sum(0) == 0).any():
+        raise ValueError(f"batch needs, for each position 1 .. {runs.task.max_period - 1}, a sequence whose "
+                         f"first block holds it (a period above it); periods here: {sorted(set(period.tolist()))}")
+    return (before * inside[None, :, None]).sum(1) / inside.sum(0)  # (R, h, I)

@@ -101,13 +101,17 @@ class InductionRuns(nn.Module):
         R, B, T, _ = x.shape
         return x.view(R, B, T, self.num_heads, self.d_k).transpose(2, 3)  # (R, B, h, T, d_k)
 
-    def forward(self, tokens: Tensor, keep: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
+    def forward(self, tokens: Tensor, keep: Tensor | None = None, parts: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
         r"""Every run on its own sequences: ``tokens`` ``(R, B, seq_len)`` ids ->
         ``logits`` ``(R, B, seq_len, n_vocab)`` and, per layer, the attention maps
         ``(R, B, h, seq_len, seq_len)``.
 
         ``keep``: ``(R, 2, h)``, a factor on each head's output (default all 1); a 0
         *ablates* the head: :math:`x^{(l+1)} = x^{(l)} + \sum_h \text{keep}_{l,h}\, A^{l,h} x^{(l)} W_h^{OV,l}`.
+        ``parts``: ``(R, h, 2)``, factors on the two parts of what a layer-0 head reads as its
+        values (default: none given, the model itself): head ``h`` reads
+        :math:`\text{parts}_{h,0} W_E[t_j] + \text{parts}_{h,1} W_{pos}[j]` instead of
+        :math:`x^{(0)}_j`, so ``(1, 0)`` lets it copy only the token, ``(0, 1)`` only the position.
         """
         R, T = self.n_runs, self.task.seq_len
         check_tensor("tokens", tokens)
@@ -121,6 +125,8 @@ class InductionRuns(nn.Module):
         elif check_tensor("keep", keep).shape != (R, N_LAYERS, self.num_heads):
             raise ValueError(f"keep must have shape (R, 2, h) = ({R}, {N_LAYERS}, {self.num_heads}), "
                              f"got {format_shape(keep)}")
+        if parts is not None and check_tensor("parts", parts).shape != (R, self.num_heads, 2):
+            raise ValueError(f"parts must have shape (R, h, 2) = ({R}, {self.num_heads}, 2), got {format_shape(parts)}")
         B = tokens.shape[1]
         run = torch.arange(R).view(R, 1, 1)  # (R, 1, 1)
         x = self.embed[run, tokens] + self.pos[:, None]  # (R, B, T, d_model)
@@ -130,12 +136,27 @@ class InductionRuns(nn.Module):
             q = self._split(x @ self.w_q[:, None, l])  # (R, B, h, T, d_k)
             k = self._split(x @ self.w_k[:, None, l])  # (R, B, h, T, d_k)
             v = self._split(x @ self.w_v[:, None, l])  # (R, B, h, T, d_k)
+            if l == 0 and parts is not None:  # each head's values from the token part and the position part
+                token, place = self.embed[run, tokens], self.pos[:, None].expand(R, B, T, -1)  # (R, B, T, d_model)
+                v = (parts[:, None, :, 0, None, None] * self._split(token @ self.w_v[:, None, 0])
+                     + parts[:, None, :, 1, None, None] * self._split(place @ self.w_v[:, None, 0]))  # (R, B, h, T, d_k)
             heads, a = attention(q, k, v, mask)  # (R, B, h, T, d_k), (R, B, h, T, T)
             heads = heads * keep[:, l].view(R, 1, self.num_heads, 1, 1).to(heads.dtype)
             concat = heads.transpose(2, 3).reshape(R, B, T, self.d_model)  # (R, B, T, h d_k)
             x = x + concat @ self.w_o[:, None, l]  # (R, B, T, d_model)
             maps.append(a)
         return x @ self.unembed[:, None], maps  # (R, B, T, V)
+
+    def select(self, rows: Sequence[int]) -> InductionRuns:
+        """The runs ``rows`` (indices into ``seeds``) as a new :class:`InductionRuns`, with copies
+        of their weights."""
+        rows = [check_index("rows", r, self.n_runs, f"{self.n_runs} runs") for r in rows]
+        if not rows:
+            raise ValueError("rows must name at least one run")
+        out = InductionRuns(self.task, self.d_model, self.num_heads, [self.seeds[r] for r in rows],
+                            dtype=self.embed.dtype)
+        out.load_state_dict({k: v[rows].clone() for k, v in self.state_dict().items()})
+        return out
 
     def layer(self, r: int, l: int) -> MultiHeadAttention:
         """Layer ``l`` of run ``r`` as an :class:`~attnlib.MultiHeadAttention` (a copy,
@@ -159,12 +180,13 @@ class InductionRuns(nn.Module):
         return x @ self.unembed[r]  # (B, T, V)
 
     @torch.no_grad()
-    def score(self, tokens: Tensor, period: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def score(self, tokens: Tensor, period: Tensor, keep: Tensor | None = None,
+              parts: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """On the positions the repeat decides (:meth:`RepeatTask.predictable`): per run,
         the share of next tokens predicted right and the mean cross-entropy (nats), two
-        ``(R,)`` tensors. ``tokens``: ``(R, B, seq_len)``, ``period``: ``(R, B)``; ``keep``:
-        as :meth:`forward`."""
-        logits, _ = self(tokens, keep)  # (R, B, T, V)
+        ``(R,)`` tensors. ``tokens``: ``(R, B, seq_len)``, ``period``: ``(R, B)``; ``keep``,
+        ``parts``: as :meth:`forward`."""
+        logits, _ = self(tokens, keep, parts)  # (R, B, T, V)
         if check_tensor("period", period).shape != tokens.shape[:2]:
             raise ValueError(f"period must have shape (R, B) = {tuple(tokens.shape[:2])}, got {format_shape(period)}")
         where = self.task.predictable(period.flatten()).view(tokens.shape)[:, :, :-1].to(logits.dtype)  # (R, B, T-1)
@@ -181,10 +203,12 @@ def train_induction(
     batch_size: int = 32,
     lr: float = 1e-2,
     weight_decay: float = 0.0,
+    data_seeds: Sequence[int] | None = None,
 ) -> Tensor:
     r"""Train every run on next-token prediction over whole sequences (cross-entropy at
     positions ``0 .. seq_len - 2``), run ``r`` on the data stream of
-    ``torch.Generator().manual_seed(runs.seeds[r])``; return the losses ``(steps, R)``.
+    ``torch.Generator().manual_seed(data_seeds[r])`` (by default ``runs.seeds[r]``, the seed
+    that also drew its initial weights); return the losses ``(steps, R)``.
 
     The loss minimised is the sum of the runs' losses, so each run's gradient is its own;
     AdamW acts elementwise, so every run follows its own training, as if trained alone.
@@ -194,7 +218,10 @@ def train_induction(
     check_positive_int("steps", steps)
     check_positive_int("batch_size", batch_size)
     task, R = runs.task, runs.n_runs
-    gens = [torch.Generator().manual_seed(s) for s in runs.seeds]
+    data_seeds = runs.seeds if data_seeds is None else list(data_seeds)
+    if len(data_seeds) != R or any(isinstance(s, bool) or not isinstance(s, int) for s in data_seeds):
+        raise ValueError(f"data_seeds must be {R} ints, one per run, got {data_seeds!r}")
+    gens = [torch.Generator().manual_seed(s) for s in data_seeds]
     opt = torch.optim.AdamW(runs.parameters(), lr=lr, weight_decay=weight_decay)
     losses = torch.empty(steps, R)
     for step in range(steps):

@@ -21,11 +21,27 @@ Arora et al. (2023) use them to study attention.
 The package's modules: :mod:`~attnlib.recall.task` (the task and its batches),
 :mod:`~attnlib.recall.head` (one head, its training, :func:`block_fractions`) and
 :mod:`~attnlib.recall.runs` (many heads, over seeds and widths, trained at once as one
-batched computation); every name is importable from ``attnlib.recall``.
+batched computation) and :mod:`~attnlib.recall.survey` (every head of chapter 7 over many
+seeds, the per-seed numbers the chapter reports, and their stored table); every name is
+importable from ``attnlib.recall``.
 """
 
 from attnlib.recall.head import RecallHead, block_fractions, train_recall
 from attnlib.recall.runs import RecallRuns, train_recall_runs
+from attnlib.recall.survey import (
+    CONFIGS,
+    SURVEY_SEEDS,
+    TEST_SEED,
+    RecallSurvey,
+    SurveyGroup,
+    SurveyTable,
+    compare_with_survey,
+    load_survey,
+    save_survey,
+    survey_numbers,
+    train_group,
+    train_survey,
+)
 from attnlib.recall.task import PhoneBookTask, RecallBatch
 
 __all__ = [
@@ -36,4 +52,16 @@ __all__ = [
     "block_fractions",
     "RecallRuns",
     "train_recall_runs",
+    "CONFIGS",
+    "SURVEY_SEEDS",
+    "TEST_SEED",
+    "RecallSurvey",
+    "SurveyGroup",
+    "SurveyTable",
+    "train_group",
+    "train_survey",
+    "survey_numbers",
+    "save_survey",
+    "load_survey",
+    "compare_with_survey",
 ]

@@ -1,0 +1,377 @@
+r"""Chapter 7's heads over many seeds: every run the chapter trains, and every per-seed number
+it reports (chapter 7).
+
+A claim about training holds for a rate of seeds, not for the few a page can afford to train.
+:func:`train_survey` trains, for a list of seeds, every head of chapter 7 (the widths, the
+never-searching control, the tied heads, the other tasks and the parity heads) as four batched
+computations; :func:`survey_numbers` measures each of them on fixed test books and returns one
+value per seed for each measurement. ``scripts/train_recall_survey.py`` does this for the seeds
+:data:`SURVEY_SEEDS` and stores the result with the package (``survey.json``, read by
+:func:`load_survey`); the chapter trains a sample of those seeds itself and checks, with
+:func:`compare_with_survey`, that its numbers are the stored ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Required, TypedDict
+
+import torch
+from torch import Tensor
+
+from attnlib.recall.head import Loss, block_fractions
+from attnlib.recall.runs import RecallRuns, Target, train_recall_runs
+from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
+
+__all__ = ["SURVEY_SEEDS", "CONFIGS", "HeadConfig", "TEST_SEED", "SurveyGroup", "RecallSurvey", "SurveyTable",
+           "train_group", "train_survey", "survey_numbers", "load_survey", "save_survey",
+           "compare_with_survey"]
+
+SURVEY_SEEDS = tuple(range(40))  # the seeds of the stored table
+TEST_SEED = 1000  # the test books' generator: no training seed
+F64 = torch.float64
+TASK = PhoneBookTask(n_names=12, n_numbers=4, n_pairs=4)
+
+
+
+class HeadConfig(TypedDict, total=False):
+    """What differs from the squared-error head of width ``d_k`` with centred targets and
+    weight decay 0.05 (the arguments of :class:`RecallRuns` and :func:`train_recall_runs`)."""
+
+    d_k: Required[int]
+    search: bool
+    tie_vk: bool
+    weight_decay: float
+    loss: Loss
+    target: Target
+
+
+# label -> what differs from the squared-error head of width d_k (centred targets, weight decay 0.05)
+CONFIGS: dict[str, HeadConfig] = {
+    **{str(d): {"d_k": d} for d in (1, 2, 4, 8, 16)},
+    "never searches": {"d_k": 16, "search": False},
+    "tied 4": {"d_k": 4, "tie_vk": True}, "tied 8": {"d_k": 8, "tie_vk": True},
+    "tied 4, cross-entropy": {"d_k": 4, "tie_vk": True, "loss": "cross_entropy"},
+    "one-hot 16": {"d_k": 16, "target": "one_hot"},
+    "no decay 2": {"d_k": 2, "weight_decay": 0.0},
+    "no decay 16": {"d_k": 16, "weight_decay": 0.0},
+    "cross-entropy 2": {"d_k": 2, "loss": "cross_entropy"},
+    "cross-entropy 16": {"d_k": 16, "loss": "cross_entropy"},
+}
+# the other tasks, 150 steps: (names, numbers) -> widths
+MORE = {(26, 4): (3, 2), (13, 8): (3, 7), (12, 4): (2,)}
+BLOCK_ROWS = ("W^QK name -> name", "W^QK name -> number", "W^QK number rows", "W^OV number rows",
+              "W^OV W^R number rows", "  shared row taken out")
+
+
+@dataclass
+class SurveyGroup:
+    """One batched training: run ``r`` is head ``labels[r]`` trained on the stream of ``seeds[r]``."""
+
+    task: PhoneBookTask
+    runs: RecallRuns
+    labels: list[str]
+    seeds: list[int]
+    losses: Tensor  # (steps, R)
+
+    def members(self, label: str) -> list[int]:
+        """The runs of one label, in the order of the seeds."""
+        found = [r for r, lab in enumerate(self.labels) if lab == label]
+        if not found:
+            raise KeyError(f"no run is labelled {label!r}; labels: {sorted(set(self.labels))}")
+        return found
+
+
+def train_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
+                steps: int = 300, batch_size: int = 128, pairing: Pairing = "all") -> SurveyGroup:
+    """Every ``configs`` head (keys ``d_k`` and optionally ``search``, ``tie_vk``, ``weight_decay``,
+    ``loss``, ``target``) for every seed, trained as one :class:`RecallRuns` in float64."""
+    plan = [(label, s) for label in configs for s in seeds]
+    cfg = [configs[label] for label, _ in plan]
+    runs = RecallRuns(task.d_model, task.n_numbers, [c["d_k"] for c in cfg], [s for _, s in plan],
+                      [c.get("search", True) for c in cfg], [c.get("tie_vk", False) for c in cfg], dtype=F64)
+    losses = train_recall_runs(
+        runs, task, steps=steps, batch_size=batch_size, pairing=pairing,
+        weight_decay=[c.get("weight_decay", 0.05) for c in cfg],
+        loss=[c.get("loss", "squared") for c in cfg],
+        target=[c.get("target", "centred") for c in cfg])
+    return SurveyGroup(task, runs, [label for label, _ in plan], [s for _, s in plan], losses)
+
+
+@dataclass
+class RecallSurvey:
+    """Every head of chapter 7 for ``seeds``: ``main`` (:data:`CONFIGS` on 12 names, 4 numbers,
+    4 entries, 300 steps), ``untrained`` (the width-16 heads at their start), ``wide`` (14 names,
+    ``d_k = 3``, centred and one-hot targets), ``more`` (the tasks of :data:`MORE`, 150 steps,
+    label ``"N M d_k"``) and ``parity`` (widths 16, 8, 4 trained on even pairs)."""
+
+    seeds: list[int]
+    main: SurveyGroup
+    untrained: RecallRuns
+    wide: SurveyGroup | None
+    more: dict[tuple[int, int], SurveyGroup]
+    parity: SurveyGroup | None
+
+
+def train_survey(seeds: Sequence[int], main_only: bool = False) -> RecallSurvey:
+    """Train every head of chapter 7 for each seed (deterministic on one thread); with
+    ``main_only``, only ``main`` (and ``untrained``): the other groups are left empty."""
+    seeds = list(seeds)
+    if not seeds or len(set(seeds)) != len(seeds) or TEST_SEED in seeds:
+        raise ValueError(f"seeds must be distinct, non-empty and exclude the test seed {TEST_SEED}, got {seeds}")
+    main = train_group(TASK, CONFIGS, seeds)
+    untrained = RecallRuns(TASK.d_model, TASK.n_numbers, [16] * len(seeds), seeds, dtype=F64)
+    if main_only:
+        return RecallSurvey(seeds, main, untrained, None, {}, None)
+    t14 = PhoneBookTask(n_names=14, n_numbers=4, n_pairs=4)
+    wide = train_group(t14, {"centred": {"d_k": 3}, "one-hot": {"d_k": 3, "target": "one_hot"}}, seeds)
+    more = {(n, m): train_group(PhoneBookTask(n_names=n, n_numbers=m, n_pairs=4),
+                                {f"{n} {m} {d}": {"d_k": d} for d in widths}, seeds, steps=150)
+            for (n, m), widths in MORE.items()}
+    parity = train_group(TASK, {f"parity {d}": {"d_k": d} for d in (16, 8, 4)}, seeds, pairing="even")
+    return RecallSurvey(seeds, main, untrained, wide, more, parity)
+
+
+def _test(task: PhoneBookTask, pairing: Pairing = "all", seed: int = TEST_SEED, n: int = 1000) -> RecallBatch:
+    return task.sample(n, torch.Generator().manual_seed(seed), pairing=pairing, dtype=F64)
+
+
+def _book_code(names: Tensor, numbers: Tensor, slot: Tensor, n_names: int, n_numbers: int) -> Tensor:
+    """One integer per (book, question): ``(B,)``."""
+    digits = torch.cat([names, numbers, slot[:, None]], 1)  # (B, 2P + 1)
+    bases = [n_names] * names.shape[1] + [n_numbers] * (numbers.shape[1] + 1)
+    code = torch.zeros(len(slot), dtype=torch.long)
+    for col, base in zip(digits.T, bases):
+        code = code * base + col
+    return code
+
+
+def _shares(qk: Tensor, ov: Tensor, readout: Tensor, task: PhoneBookTask) -> list[float]:
+    """The six block shares of :data:`BLOCK_ROWS` for one head."""
+    blocks, everything = [task.key_block, task.value_block], [slice(None)]
+    ovr = ov @ readout  # (d_model, M)
+    centred = ovr.clone()
+    centred[task.key_block] -= centred[task.key_block].mean(0)  # the row shared by all names, out
+    f_qk = block_fractions(qk, blocks, blocks)  # (2, 2)
+    return [f_qk[0, 0].item(), f_qk[0, 1].item(), f_qk[1].sum().item(),
+            block_fractions(ov, blocks, everything)[1, 0].item(),
+            block_fractions(ovr, blocks, everything)[1, 0].item(),
+            block_fractions(centred, blocks, everything)[1, 0].item()]
+
+
+def _reads(runs: RecallRuns, batch: RecallBatch) -> dict[str, Tensor]:
+    """Per run: accuracy, mean and lowest weight on the asked entry, share of books whose largest
+    weight is on it, squared error against centred targets, the least returned number's share."""
+    with torch.no_grad():
+        y, a = runs.run_batch(batch)  # (R, B, M), (R, B, P)
+    rows = torch.arange(len(batch.slot))
+    on = a[:, rows, batch.slot]  # (R, B)
+    m = runs.readout.shape[2]
+    goal = torch.nn.functional.one_hot(batch.target, m).to(y.dtype) - 1 / m  # (B, M)
+    pred = y.argmax(-1)  # (R, B)
+    per_number = torch.stack([(pred[:, batch.target == k] == k).double().mean(-1) for k in range(m)], -1)
+    return {"accuracy": (pred == batch.target).double().mean(-1), "weight on match": on.mean(-1),
+            "lowest weight on match": on.amin(-1), "match read most": (a.argmax(-1) == batch.slot).double().mean(-1),
+            "squared error": (y - goal).square().sum(-1).mean(-1), "least returned share": per_number.amin(-1)}
+
+
+def survey_numbers(s: RecallSurvey) -> dict[str, list[float]]:
+    """Every number chapter 7 reports about training, one value per seed of ``s.seeds``, keyed
+    ``"measurement | head"``. Test books: 1,000 from ``TEST_SEED`` (the rank-one search's share
+    is exact, over every book and question, since the chapter compares it with an
+    exact ceiling); see chapter 7 for each."""
+    out: dict[str, list[float]] = {}
+
+    def put(key: str, values: Tensor | Sequence[float | Tensor]) -> None:
+        out[key] = [float(v) for v in values]
+
+    main, test = s.main, _test(TASK)
+    reads = _reads(main.runs, test)
+    for label in CONFIGS:
+        for name, v in reads.items():
+            put(f"{name} | {label}", v[main.members(label)])
+    put("accuracy | untrained 16", s.untrained.accuracy(test))
+    sixteen = main.members("16")
+    put("loss at step 1 | 16", main.losses[0, sixteen])
+    put("loss at step 300 | 16", main.losses[-1, sixteen])
+    # test books that also occurred in training, and the right number in every other one
+    code = _book_code(test.names, test.numbers, test.slot, TASK.n_names, TASK.n_numbers)
+    with torch.no_grad():
+        y16 = main.runs.run_batch(test)[0][sixteen].argmax(-1)  # (S, B)
+    seen_counts, unseen_right = [], []
+    for k, seed in enumerate(s.seeds):
+        gen = torch.Generator().manual_seed(seed)
+        seen = torch.cat([_book_code(*TASK.draw(128, gen), TASK.n_names, TASK.n_numbers) for _ in range(300)])
+        unseen = ~torch.isin(code, seen)
+        seen_counts.append(float((~unseen).sum()))
+        unseen_right.append(float(bool((y16[k][unseen] == test.target[unseen]).all())))
+    put("test books seen in training | 16", seen_counts)
+    put("unseen books all right | 16", unseen_right)
+    # block shares of the circuits
+    qk, ov = main.runs.circuits()  # (R, d, d) each
+    readout = main.runs.readout.detach()
+    qk0, ov0 = s.untrained.circuits()
+    for label in ("untrained 16", "never searches", "16", "no decay 16", "one-hot 16"):
+        if label == "untrained 16":
+            per = [_shares(qk0[k], ov0[k], s.untrained.readout.detach()[k], TASK) for k in range(len(s.seeds))]
+        else:
+            per = [_shares(qk[r], ov[r], readout[r], TASK) for r in main.members(label)]
+        for i, row in enumerate(BLOCK_ROWS):
+            put(f"{row.strip()} | {label}", [p[i] for p in per])
+    ovr = ov @ readout  # (R, d, M)
+    names, numbers = TASK.key_block, TASK.value_block
+    put("names whose W^QK row peaks at themselves | 16",
+        [(qk[r, names, names].argmax(1) == torch.arange(TASK.n_names)).sum() for r in sixteen])
+    put("numbers whose W^OV W^R row peaks at themselves | 16",
+        [(ovr[r, numbers].argmax(1) == torch.arange(TASK.n_numbers)).sum() for r in sixteen])
+    # finding: the name block's order, gaps and size, per width
+    eye = torch.eye(TASK.n_names, dtype=torch.bool)
+    for d in (1, 2, 4, 8, 16):
+        own, distinct, gap, norm = [], [], [], []
+        for r in main.members(str(d)):
+            block = qk[r, names, names] / math.sqrt(d)  # (N, N): the scaled scores
+            winners = block.argmax(1)
+            own.append((winners == torch.arange(TASK.n_names)).sum())
+            distinct.append(len(set(winners.tolist())))
+            gap.append((block.diag() - block.masked_fill(eye, -math.inf).amax(1)).min())
+            norm.append((qk[r] / math.sqrt(d)).norm())
+        put(f"names found | {d}", own)
+        put(f"distinct winners | {d}", distinct)
+        put(f"smallest scaled gap | {d}", gap)
+        put(f"norm of W^QK / sqrt(d_k) | {d}", norm)
+    # the rank-one search, exactly: every asked name, every 3 other names, every 4 numbers
+    others = torch.tensor(list(itertools.combinations(range(TASK.n_names - 1), TASK.n_pairs - 1)))  # (165, 3)
+    every = torch.tensor(list(itertools.product(range(TASK.n_numbers), repeat=TASK.n_pairs)))  # (256, P)
+    found = []
+    for r in main.members("1"):
+        hits = 0
+        for a in range(TASK.n_names):
+            rest = torch.tensor([n for n in range(TASK.n_names) if n != a])
+            book = torch.cat([torch.full((len(others), 1), a), rest[others]], 1)  # (165, P): entry 0 asked
+            scores = qk[r, a, book][:, None] + qk[r, a, TASK.n_names + every][None]  # (165, 256, P)
+            hits += int((scores.argmax(-1) == 0).sum())
+        found.append(hits / (TASK.n_names * len(others) * len(every)))
+    put("match read most, every book | 1", found)
+    # new numbers for the same names
+    gen = torch.Generator().manual_seed(2)
+    shift = torch.randint(1, TASK.n_numbers, test.numbers.shape, generator=gen)  # 1, 2 or 3
+    swapped = TASK.batch(test.names, (test.numbers + shift) % TASK.n_numbers, test.slot, dtype=F64)
+    with torch.no_grad():
+        y_new, a_new = main.runs.run_batch(swapped)
+        _, a_old = main.runs.run_batch(test)
+    put("returns the new number | 16", (y_new[sixteen].argmax(-1) == swapped.target).double().mean(-1))
+    put("returns the old number | 16", (y_new[sixteen].argmax(-1) == test.target).double().mean(-1))
+    put("largest change of an attention weight | 16", (a_new[sixteen] - a_old[sixteen]).abs().amax((1, 2)))
+    if s.wide is None or s.parity is None:  # main_only
+        return out
+    # 14 names, width 3
+    t14 = s.wide.task
+    b14 = _test(t14)
+    with torch.no_grad():
+        y14 = s.wide.runs.run_batch(b14)[0]  # (R, B, M)
+    hot = torch.nn.functional.one_hot(b14.target, 4).to(F64)
+    for label, goal in (("centred", hot - 0.25), ("one-hot", hot)):
+        w = s.wide.members(label)
+        put(f"accuracy | 14 names, d_k 3, {label}", (y14[w].argmax(-1) == b14.target).double().mean(-1))
+        put(f"squared error | 14 names, d_k 3, {label}", (y14[w] - goal).square().sum(-1).mean(-1))
+    # the other tasks, 150 steps
+    for group in s.more.values():
+        g_reads = _reads(group.runs, _test(group.task))
+        for label in dict.fromkeys(group.labels):
+            for name in ("accuracy", "match read most", "weight on match"):
+                put(f"{name} | {label}, 150 steps", g_reads[name][group.members(label)])
+    # trained on even pairs, tested on odd ones
+    par = s.parity
+    odd = _test(TASK, "odd", seed=3)
+    p_reads = _reads(par.runs, odd)
+    for d in (16, 8, 4):
+        members = par.members(f"parity {d}")
+        for name in ("accuracy", "match read most", "weight on match", "lowest weight on match"):
+            put(f"{name} on odd pairs | parity {d}", p_reads[name][members])
+    qk_p, ov_p = par.runs.circuits()
+    ovr_p = ov_p @ par.runs.readout.detach()  # (R, d, M)
+    same = (torch.arange(TASK.n_names)[:, None] + torch.arange(TASK.n_numbers)) % 2 == 0  # (N, M)
+    with torch.no_grad():
+        _, a_odd = par.runs.run_batch(odd)
+    rows: dict[str, list[float | Tensor]] = {k: [] for k in ("name share", "name signs", "from names", "from numbers", "qk share", "qk signs")}
+    for r in par.members("parity 16"):
+        name_part = ovr_p[r, names]  # (N, M)
+        read = (a_odd[r].unsqueeze(1) @ odd.context)[:, 0]  # (B, d_model)
+        rows["name share"].append(block_fractions(ovr_p[r], [names, numbers], [slice(None)])[0, 0])
+        rows["name signs"].append(float((name_part[same] > 0).all() and (name_part[~same] < 0).all()))
+        rows["from names"].append(((read[:, names] @ name_part).argmax(-1) == odd.target).double().mean())
+        rows["from numbers"].append(((read[:, numbers] @ ovr_p[r, numbers]).argmax(-1) == odd.target).double().mean())
+        cross = qk_p[r, names, numbers]  # (N, M)
+        rows["qk share"].append(block_fractions(qk_p[r], [names, numbers], [names, numbers])[0, 1])
+        rows["qk signs"].append(float((cross[same] > 0).all() and (cross[~same] < 0).all()))
+    put("W^OV W^R name rows | parity 16", rows["name share"])
+    put("name rows follow the parity | parity 16", rows["name signs"])
+    put("right from the name rows alone | parity 16", rows["from names"])
+    put("right from the number rows alone | parity 16", rows["from numbers"])
+    put("W^QK name -> number | parity 16", rows["qk share"])
+    put("W^QK name -> number follows the parity | parity 16", rows["qk signs"])
+    return out
+
+
+# ---- the stored table -----------------------------------------------------------------------
+SHIPPED = "survey.json"
+DIGITS = 12  # significant digits stored: far below every printed digit, far above rounding
+
+
+@dataclass(frozen=True)
+class SurveyTable:
+    """Per-seed numbers: ``numbers[key][k]`` belongs to ``seeds[k]``."""
+
+    seeds: tuple[int, ...]
+    numbers: dict[str, list[float]]
+
+    def __getitem__(self, key: str) -> Tensor:
+        """One measurement over every seed, ``(S,)`` float64."""
+        if key not in self.numbers:
+            raise KeyError(f"no measurement {key!r} in the table")
+        return torch.tensor(self.numbers[key], dtype=F64)
+
+    def of(self, key: str, seeds: Sequence[int]) -> Tensor:
+        """One measurement for the listed seeds, in their order."""
+        missing = [s for s in seeds if s not in self.seeds]
+        if missing:
+            raise KeyError(f"seeds {missing} are not in the table (it holds {self.seeds[0]}..{self.seeds[-1]})")
+        return self[key][[self.seeds.index(s) for s in seeds]]
+
+
+def save_survey(numbers: dict[str, list[float]], seeds: Sequence[int], path: str | Path) -> None:
+    """Write a table of :func:`survey_numbers` (``DIGITS`` significant digits) as JSON."""
+    body = {"seeds": list(seeds), "numbers": {k: [float(f"{v:.{DIGITS}g}") for v in vals] for k, vals in numbers.items()}}
+    Path(path).write_text(json.dumps(body, indent=0, sort_keys=True) + "\n")
+
+
+def load_survey(path: str | Path | None = None) -> SurveyTable:
+    """The table at ``path``; by default the one stored with attnlib (seeds :data:`SURVEY_SEEDS`)."""
+    path = Path(__file__).with_name(SHIPPED) if path is None else Path(path)
+    body = json.loads(path.read_text())
+    return SurveyTable(tuple(body["seeds"]), body["numbers"])
+
+
+def compare_with_survey(numbers: dict[str, list[float]], seeds: Sequence[int], table: SurveyTable,
+                        rel: float = 1e-6) -> int:
+    """Check that ``numbers`` (from :func:`survey_numbers` for ``seeds``) are the table's, key by
+    key and seed by seed, within ``rel`` (relative, or 1e-9 absolute near 0). Shares of a fixed
+    test set are multiples of 1/1000 (or 1/100000), so one book answered otherwise misses by far
+    more; the rest (weights, errors, norms) move only by rounding, which training carried to
+    about 1e-11 between the CPU's fastest kernels and PyTorch's portable ones. Raises
+    ``AssertionError`` naming the first difference (or a measurement the table lacks); returns
+    how many numbers agreed."""
+    unknown = sorted(set(numbers) - set(table.numbers))
+    if unknown:
+        raise AssertionError(f"measurements not in the table: {unknown}")
+    for key, values in numbers.items():
+        for seed, v, w in zip(seeds, values, table.of(key, seeds).tolist()):
+            if not math.isclose(v, w, rel_tol=rel, abs_tol=1e-9):
+                raise AssertionError(f"{key!r}, seed {seed}: {v!r} here, {w!r} in the table")
+    return len(numbers) * len(seeds)
+
