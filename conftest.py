@@ -21,12 +21,20 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 # max_examples is the base the per-test counts are scaled from (strategies.examples):
 # 100 under ci, hypothesis's own default, so a test that names no count keeps it.
 settings.register_profile("ci", max_examples=100, print_blob=True)
 settings.register_profile("dev", max_examples=10)
+# `make mutants` (scripts/mutants.py): a tenth of the examples, the same ones every run
+# (derandomize, no database), and no shrinking, which only makes a failing mutant slower
+# to report. A mutant is run against many tests; this keeps each run cheap and each
+# verdict reproducible.
+settings.register_profile(
+    "mutants", max_examples=10, derandomize=True, database=None,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
 _ON_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
 settings.load_profile("ci" if _ON_CI else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
