@@ -13,7 +13,8 @@ Hypothesis runs under one of two profiles: ``ci`` (the default, and what CI and
 (``strategies.examples``); ``dev`` gives each a tenth of it (at least one), for a quick
 run while editing: ``pytest --hypothesis-profile=dev`` or ``HYPOTHESIS_PROFILE=dev``.
 With ``CI`` set (GitHub Actions, .ci/run) the environment variable is ignored and only
-an explicit ``--hypothesis-profile`` chooses another profile.
+an explicit ``--hypothesis-profile`` chooses another profile. A third, ``mutants``, is for
+``make mutants`` only (scripts/mutants.py passes it).
 """
 
 from __future__ import annotations
