@@ -73,6 +73,12 @@ def test_check_heads_returns_d_k() -> None:
     assert check_heads(12, 4) == 3
     assert check_heads(5, 5) == 1
     assert check_heads(7, 1) == 7
+    assert check_heads(8, 3, 5) == 5  # heads of any width: h d_k need not be d_model
+    assert check_heads(10, 4, 1) == 1
+    with pytest.raises(ValueError, match="d_k must be a positive int, got 0"):
+        check_heads(8, 2, 0)
+    with pytest.raises(TypeError, match="d_k must be a positive int"):
+        check_heads(8, 2, 2.0)
     with pytest.raises(ValueError, match=r"d_model \(10\) must be divisible by num_heads \(4\)"):
         check_heads(10, 4)
     with pytest.raises(TypeError, match="num_heads must be a positive int"):
