@@ -59,11 +59,11 @@ GOAL = 0.90  # share of the value-changing mutants each module must kill
 MODULES: dict[str, list[str]] = {
     "checks": ["tests/test_core.py", "tests/test_refusals.py", "tests/test_values_checks.py"],
     "rounding": ["tests/test_core.py", "tests/test_values_rounding.py"],
-    "records": ["tests/test_core.py", "tests/test_interop_torch.py", "tests/test_values_records.py"],
+    "records": ["tests/test_core.py", "tests/test_interop_torch.py"],
     "attention": ["tests/test_attention.py", "tests/test_values_attention.py"],
     "multihead": ["tests/test_multihead.py", "tests/test_interop_torch.py", "tests/test_values_multihead.py"],
-    "interop/torch_mha": ["tests/test_interop_torch.py", "tests/test_values_records.py"],
-    "lowrank/factored": ["tests/test_lowrank.py", "tests/test_values_factored.py"],
+    "interop/torch_mha": ["tests/test_interop_torch.py"],
+    "lowrank/factored": ["tests/test_lowrank.py"],
     "interop/layouts": ["tests/test_interop_layouts.py", "tests/test_interop_readers.py",
                         "tests/test_values_layouts.py"],
     "decoding/cache": ["tests/test_decoding.py", "tests/test_values_cache.py"],
@@ -73,9 +73,9 @@ MODULES: dict[str, list[str]] = {
     "decoding/positions": ["tests/test_positions.py", "tests/test_values_positions.py"],
     "blockwise": ["tests/test_blockwise.py", "tests/test_values_blockwise.py"],
     "blockwise_bounds": ["tests/test_blockwise.py", "tests/test_values_blockwise.py"],
-    "induction/composition": ["tests/test_induction.py", "tests/test_values_composition.py"],
-    "audit/catalogue": ["tests/test_audit.py", "tests/test_values_audit.py"],
-    "audit/search": ["tests/test_audit.py", "tests/test_audit_foreign.py", "tests/test_values_audit.py"],
+    "induction/composition": ["tests/test_induction.py"],
+    "audit/catalogue": ["tests/test_audit.py"],
+    "audit/search": ["tests/test_audit.py", "tests/test_audit_foreign.py"],
 }
 
 # The exit codes mutmut stores (mutmut.stats.status_by_exit_code), by what they mean here.
