@@ -92,6 +92,7 @@ def test_check_qkv_returns_the_broadcast_batch() -> None:
     (((2, 4), (3, 4), (2, 2)), (torch.float32,) * 3),
     (((2, 4), (0, 4), (0, 2)), (torch.float32,) * 3),
     (((2, 0), (3, 0), (3, 2)), (torch.float32,) * 3),
+    (((1, 2, 0), (1, 3, 0), (1, 3, 2)), (torch.float32,) * 3),  # width 0 behind a batch axis
     (((2, 2, 4), (3, 3, 4), (3, 2)), (torch.float32,) * 3),
     (((), (3, 4), (3, 2)), (torch.float32,) * 3),
     (((4,), (4,), (3, 2)), (torch.float32,) * 3),
@@ -110,3 +111,12 @@ def test_check_scale_values_and_errors() -> None:
                        (float("inf"), ValueError), (float("nan"), ValueError)):
         with pytest.raises(error):
             check_scale(bad)
+
+
+def test_a_mask_that_would_add_a_batch_axis_is_refused() -> None:
+    """Scores (3, 2, 5): a mask (3, 1, 2, 5) would make them (3, 3, 2, 5)."""
+    q, k, v = torch.zeros(3, 2, 4), torch.zeros(3, 5, 4), torch.zeros(3, 5, 1)
+    with pytest.raises(ValueError, match=r"does not broadcast to the scores' shape \(3, 2, 5\)"):
+        attention(q, k, v, mask=torch.ones(3, 1, 2, 5, dtype=torch.bool))
+    out, w = attention(q, k, v, mask=torch.ones(3, 2, 5, dtype=torch.bool))
+    assert w.shape == (3, 2, 5) and torch.equal(w, torch.full((3, 2, 5), 0.2))
