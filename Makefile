@@ -2,7 +2,8 @@
 #   make book    set up .venv (first time, or when requirements.txt changed) and build the site
 #   make test    the same set-up and build, then the whole test suite (pytest)
 # Other targets: make venv (set-up only), make clean (remove the build), make distclean
-# (remove the build and .venv). Python 3.11, 3.12 and 3.13 are supported: make takes the
+# (remove the build and .venv), make mutants (mutation testing of attnlib's core modules,
+# not part of make test: see CONTRIBUTING.md). Python 3.11, 3.12 and 3.13 are supported: make takes the
 # first of python3.13, python3.12, python3.11 that runs; override it with
 # PYTHON=/path/to/python3.12, pass extra pip options with PIP_ARGS="..." (e.g. an extra index)
 # and extra pytest options with PYTEST_ARGS="..." (e.g. -x, or --durations=15).
@@ -22,13 +23,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.requirements-installed
 LOG := $(VENV)/pip-install.log
 
-.PHONY: book test venv clean distclean help
+.PHONY: book test venv clean distclean help mutants
 .DEFAULT_GOAL := help
 
 help:
 	@echo "make book   set up .venv if needed and build the book into _build/html"
 	@echo "make test   set up .venv if needed and run the tests (pytest)"
 	@echo "make clean  remove _build;  make distclean  also remove .venv"
+	@echo "make mutants  mutation testing of attnlib's core modules (hours; see CONTRIBUTING.md)"
 
 # What the HTML is built from (the browser tests name the same list): the book is
 # rebuilt when one of them is newer than the last good build.
@@ -102,4 +104,27 @@ clean:
 	rm -rf _build
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(MUTANTS_VENV) .mutants
+
+# ---- make mutants: mutation testing (scripts/mutants.py), not part of make test ----------
+# Its own environment, .venv-mutants: requirements.txt without its `-e .` line, plus mutmut,
+# so that attnlib is not installed there and the tests can only import mutmut's mutated copy
+# (the script checks it). MUTANTS_ARGS passes arguments to the script, e.g.
+#   make mutants MUTANTS_ARGS="attention rounding --jobs 1"
+MUTMUT := mutmut==3.8.1
+MUTANTS_VENV := .venv-mutants
+MUTANTS_STAMP := $(MUTANTS_VENV)/.requirements-installed
+MUTANTS_ARGS ?=
+
+$(MUTANTS_STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c '$(SUPPORTED_CHECK)' || { echo "make: mutants need Python 3.11 to 3.13 (PYTHON=...)"; exit 1; }
+	@[ -x $(MUTANTS_VENV)/bin/python ] || $(PYTHON) -m venv $(MUTANTS_VENV)
+	@grep -v '^-e ' requirements.txt > $(MUTANTS_VENV)/requirements.txt
+	@echo "Installing requirements.txt (without attnlib) and $(MUTMUT) into $(MUTANTS_VENV) ..."
+	@PIP_DISABLE_PIP_VERSION_CHECK=1 $(MUTANTS_VENV)/bin/python -m pip install -r $(MUTANTS_VENV)/requirements.txt \
+	  $(MUTMUT) $(PIP_ARGS) > $(MUTANTS_VENV)/pip-install.log 2>&1 || { \
+	  tail -n 15 $(MUTANTS_VENV)/pip-install.log; echo "make: installing into $(MUTANTS_VENV) failed"; exit 1; }
+	@touch $@
+
+mutants: $(MUTANTS_STAMP)
+	$(MUTANTS_VENV)/bin/python scripts/mutants.py $(MUTANTS_ARGS)

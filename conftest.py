@@ -8,7 +8,7 @@ of the cores instead, and the notebook kernels it starts inherit the same limit 
 chapters print no number that a thread count can change (CI checks them with one thread
 and with the native setting).
 
-Hypothesis runs under one of three profiles: ``ci`` (the default, and what CI and
+Hypothesis runs under one of four profiles: ``ci`` (the default, and what CI and
 ``make test`` use) gives every property test the example count its file names
 (``strategies.examples``); ``dev`` gives each a tenth of it (at least one), for a quick
 run while editing: ``pytest --hypothesis-profile=dev`` or ``HYPOTHESIS_PROFILE=dev``;
@@ -17,7 +17,8 @@ run while editing: ``pytest --hypothesis-profile=dev`` or ``HYPOTHESIS_PROFILE=d
 few: ``pytest tests/test_bounds_search.py --hypothesis-profile=thorough``, which
 ``.ci/run`` runs after ``make test``. With ``CI`` set (GitHub Actions, .ci/run) the
 environment variable is ignored and only an explicit ``--hypothesis-profile`` chooses
-another profile.
+another profile. A fourth, ``mutants``, is for ``make mutants`` only (scripts/mutants.py
+passes it).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 # max_examples is the base the per-test counts are scaled from (strategies.examples):
 # 100 under ci, hypothesis's own default, so a test that names no count keeps it.
@@ -33,6 +34,14 @@ settings.register_profile("ci", max_examples=100, print_blob=True)
 settings.register_profile("dev", max_examples=10)
 # thorough: 20 x ci's base for every property, and at least 2,000 for each bound hunt
 settings.register_profile("thorough", max_examples=2000, print_blob=True)
+# `make mutants` (scripts/mutants.py): a tenth of the examples, the same ones every run
+# (derandomize, no database), and no shrinking, which only makes a failing mutant slower
+# to report. A mutant is run against many tests; this keeps each run cheap and each
+# verdict reproducible.
+settings.register_profile(
+    "mutants", max_examples=10, derandomize=True, database=None,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
 _ON_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")
 settings.load_profile("ci" if _ON_CI else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -1,0 +1,49 @@
+"""attnlib.decoding.rope on hand-sized cases with exact expected numbers: the direction of
+the rotation (Llama's rotate-half: dimension l is turned towards l + d_k/2), the angles in
+float64 at a large position, and the rotation matrix. Written to kill what mutation testing
+(``make mutants``) and planted bugs found unchecked."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnlib.decoding import apply_rope, rope_angles, rope_inv_freq, rope_rotation, rotate_half
+
+F64 = torch.float64
+
+
+def test_rotate_half_exact() -> None:
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert rotate_half(x).tolist() == [-3.0, -4.0, 1.0, 2.0]
+
+
+def test_apply_rope_turns_each_pair_the_right_way() -> None:
+    """e_0 at position p: (cos p, 0, sin p, 0); e_2: (-sin p, 0, cos p, 0); pair 1 turns by p/100."""
+    x = torch.eye(4, dtype=F64)  # rows e_0 .. e_3, at positions 0 .. 3 by default
+    out = apply_rope(x, torch.tensor([1, 1, 1, 1]))
+    c, s, c1, s1 = math.cos(1), math.sin(1), math.cos(0.01), math.sin(0.01)
+    expected = torch.tensor([[c, 0, s, 0], [0, c1, 0, s1], [-s, 0, c, 0], [0, -s1, 0, c1]], dtype=F64)
+    assert torch.allclose(out, expected, rtol=0, atol=1e-15)
+    assert torch.equal(apply_rope(x[:1]), x[:1])  # position 0: unchanged
+    assert torch.allclose(out, x @ rope_rotation(1, 4), rtol=0, atol=1e-15)
+
+
+def test_angles_are_float64_at_large_positions() -> None:
+    p = 12345
+    angles = rope_angles(torch.tensor([p]), 8)
+    assert angles.dtype == F64
+    expected = torch.tensor([[p * 1.0 / (10000.0 ** (2 * l / 8)) for l in range(4)]], dtype=F64)
+    assert torch.allclose(angles, expected, rtol=4e-16, atol=0)
+    assert torch.allclose(rope_inv_freq(8, 12345.0), torch.tensor([12345.0 ** (-2 * l / 8) for l in range(4)],
+                                                                   dtype=F64), rtol=4e-16, atol=0)
+
+
+def test_rope_rotation_exact() -> None:
+    c, s = math.cos(2), math.sin(2)
+    c1, s1 = math.cos(2 / 100), math.sin(2 / 100)
+    expected = torch.tensor([[c, 0, s, 0], [0, c1, 0, s1], [-s, 0, c, 0], [0, -s1, 0, c1]], dtype=F64)
+    assert torch.allclose(rope_rotation(2, 4), expected, rtol=0, atol=1e-15)
+    assert torch.equal(rope_rotation(0, 4), torch.eye(4, dtype=F64))
+    assert rope_rotation(1, 4, dtype=torch.float32).dtype == torch.float32
