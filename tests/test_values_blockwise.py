@@ -26,34 +26,53 @@ def _qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def test_rounding_bound_is_its_formula() -> None:
-    """out: eps (2 d_k S + 3 n_k) (P |V|); lse: eps (d_k S + 2 n_k + |lse|), S the largest
-    sum of |q_l k_l| times the scale, here (float32, scale 1/sqrt 2) S = 7/sqrt 2."""
+    """out: eps (2 (d_k + 3) S + 4 n_k + 4) (P |V|) + underflow's two terms; lse: eps ((d_k + 3) S
+    + 2 n_k + 1 + 2 ln n_k + |lse|), S the largest sum of |q_l k_l| times the scale, here
+    (float32, scale 1/sqrt 2) S = 7/sqrt 2; merges add 2 beta + merges (3 S* + 10) and
+    merges (S* + 6), S* = S + ln n_k."""
     q, k, v = _qkv()
-    eps = torch.finfo(torch.float32).eps
-    out_b, lse_b = rounding_bound(q.float(), k.float(), v.float())
+    fi = torch.finfo(torch.float32)
+    eps, tiny = fi.eps, fi.tiny
     sc = 1 / math.sqrt(2)
     big = 7 * sc  # |q_0| . |k_1| = 1 + 6
     s = (q @ k.T) * sc
-    p = torch.softmax(s, -1)
-    assert torch.allclose(out_b, eps * (2 * 2 * big + 3 * 3) * (p @ v.abs()), rtol=1e-12, atol=0)
+    pv = torch.softmax(s, -1) @ v.abs()
     lse = torch.logsumexp(s, -1)
-    assert torch.allclose(lse_b, eps * (2 * big + 2 * 3 + lse.abs()), rtol=1e-12, atol=0)
+    floor = 2 * 3 * tiny * (3 * 4 + 2)  # 2 n_k tau (3 max|V| + 2)
+    out_b, lse_b = rounding_bound(q.float(), k.float(), v.float())
+    assert torch.allclose(out_b, (eps * (2 * 5 * big + 12 + 4) + 4 * 3 * tiny) * pv + floor,
+                          rtol=1e-12, atol=0)
+    assert torch.allclose(lse_b, eps * (5 * big + 6 + 1 + 2 * math.log(3) + lse.abs()), rtol=1e-12, atol=0)
     assert out_b.dtype == F64 and out_b.shape == (2, 2) and lse_b.shape == (2,)
+    star = big + math.log(3)
+    beta = 5 * big + star + 6 + 1 + 2 * math.log(3)
+    out_m, lse_m = rounding_bound(q.float(), k.float(), v.float(), merges=2)
+    floor_m = 2 * (3 + 2) * tiny * (3 * 4 + 2)
+    count = 2 * 5 * big + 16 + 2 * beta + 2 * (3 * star + 10)
+    assert torch.allclose(out_m, (eps * count + 4 * 3 * tiny) * pv + floor_m, rtol=1e-12, atol=0)
+    assert torch.allclose(lse_m, lse_b + eps * 2 * (star + 6), rtol=1e-12, atol=0)
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ValueError, match="merges must be an int >= 0"):
+            rounding_bound(q, k, v, merges=bad)
 
 
 def test_rounding_bound_with_a_mask_and_a_scale() -> None:
     q, k, v = _qkv()
     mask = torch.tensor([[True, False, True], [False, False, False]])  # query 1 reads nothing
-    eps = torch.finfo(F64).eps
+    fi = torch.finfo(F64)
+    eps, tiny = fi.eps, fi.tiny
     out_b, lse_b = rounding_bound(q, k, v, mask=mask, scale=0.5)
-    big = 7 * 0.5
+    big = 7 * 0.5  # S is taken over every pair, masked or not
     s = (q @ k.T) * 0.5
     p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)[0]
-    assert torch.allclose(out_b[0], eps * (2 * 2 * big + 9) * (p @ v.abs()), rtol=1e-12, atol=0)
-    assert torch.equal(out_b[1], torch.zeros(2, dtype=F64))  # no weights, no bound beyond 0
+    floor = 2 * 3 * tiny * (3 * 4 + 2)
+    assert torch.allclose(out_b[0], (eps * (2 * 5 * big + 16) + 4 * 3 * tiny) * (p @ v.abs()) + floor,
+                          rtol=1e-12, atol=0)
+    assert torch.allclose(out_b[1], torch.full((2,), floor, dtype=F64), rtol=1e-12, atol=0)  # no weights
     lse0 = torch.logsumexp(s[0, [0, 2]], -1)
-    assert torch.allclose(lse_b, torch.stack([eps * (2 * big + 6 + lse0.abs()),
-                                              torch.tensor(eps * (2 * big + 6), dtype=F64)]), rtol=1e-12, atol=0)
+    rest = 5 * big + 7 + 2 * math.log(3)
+    assert torch.allclose(lse_b, torch.stack([eps * (rest + lse0.abs()),
+                                              torch.tensor(eps * rest, dtype=F64)]), rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match=r"q must have shape \(..., n_q, d_k\)"):
         rounding_bound(q[0], k, v)
 
@@ -62,20 +81,26 @@ def test_gradient_rounding_bound_is_its_formula() -> None:
     q, k, v = _qkv()
     d_out = torch.tensor([[1.0, 0.5], [-2.0, 1.0]], dtype=F64)
     d_lse = torch.tensor([0.25, -1.0], dtype=F64)
-    eps = torch.finfo(F64).eps
+    fi = torch.finfo(F64)
+    eps, tiny = fi.eps, fi.tiny
     sc = 1 / math.sqrt(2)
     big = 7 * sc
+    star = big + math.log(3)
+    rho = 10 * big + 3 * star + 6 + 5 + 2 * math.log(3)  # (2 d_k + 6) S + 3 S* + 2 n_k + 5 + 2 ln n_k
+    alpha = 2 * 5 * big + 16
+    w = eps * (rho + 2 + max(alpha + 2, rho + 2 + 3) + 5 + 3)
     p = torch.softmax((q @ k.T) * sc, -1)
-    w = eps * (2 * 2 * big + 3 * 3 + 2 * 2 + 3 + 2)
     for lse_grad in (None, d_lse):
         dq, dk, dv = gradient_rounding_bound(q, k, v, d_out, d_lse=lse_grad)
         d_terms = (d_out.abs() * (p @ v.abs())).sum(-1, keepdim=True)
         if lse_grad is not None:
             d_terms = d_terms + lse_grad.abs()[:, None]
-        ds = p * (d_out.abs() @ v.abs().T + d_terms) * sc
-        assert torch.allclose(dq, w * (ds @ k.abs()), rtol=1e-12, atol=0)
-        assert torch.allclose(dk, w * (ds.T @ q.abs()), rtol=1e-12, atol=0)
-        assert torch.allclose(dv, w * (p.T @ d_out.abs()), rtol=1e-12, atol=0)
+        x = d_out.abs() @ v.abs().T + d_terms
+        ds = p * x * sc
+        xs = float(x.max()) * sc + 2
+        assert torch.allclose(dq, w * (ds @ k.abs()) + 2 * 3 * tiny * (xs * 3 + 1), rtol=1e-12, atol=0)
+        assert torch.allclose(dk, w * (ds.T @ q.abs()) + 2 * 2 * tiny * (xs * 2 + 1), rtol=1e-12, atol=0)
+        assert torch.allclose(dv, w * (p.T @ d_out.abs()) + 2 * 2 * tiny * (2 + 1), rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match=r"d_out must have the output's shape \(2, 2\), got \(2, 3\)"):
         gradient_rounding_bound(q, k, v, torch.zeros(2, 3, dtype=F64))
     with pytest.raises(ValueError, match="q must have shape"):
@@ -85,10 +110,12 @@ def test_gradient_rounding_bound_is_its_formula() -> None:
 def test_intermediate_bytes() -> None:
     assert intermediate_bytes(4, 6, 3) == 2 * 4 * 6 * 4
     assert intermediate_bytes(4, 6, 3, batch=5, dtype=F64) == 5 * 2 * 4 * 6 * 8
-    # blockwise: 2 b_q b_k + b_q (2 + d_v) + n_q, with the blocks cut to n_q, n_k
-    assert intermediate_bytes(4, 6, 3, block_q=2, block_k=5) == (2 * 2 * 5 + 2 * 5 + 4) * 4
-    assert intermediate_bytes(4, 6, 3, block_q=9, block_k=9, batch=2) == 2 * (2 * 4 * 6 + 4 * 5 + 4) * 4
-    assert intermediate_bytes(4, 6, 3, block_q=1, block_k=1, dtype=torch.float16) == (2 + 5 + 4) * 2
+    # blockwise: b_q b_k + 2 b_q d_v + 5 b_q + n_q, with the blocks cut to n_q, n_k
+    assert intermediate_bytes(4, 6, 3, block_q=2, block_k=5) == (2 * 5 + 2 * 2 * 3 + 5 * 2 + 4) * 4
+    assert intermediate_bytes(4, 6, 3, block_q=9, block_k=9, batch=2) == 2 * (4 * 6 + 2 * 4 * 3 + 5 * 4 + 4) * 4
+    # float16: float32 accumulators, plus float32 copies of the query tile (b_q d_k) and value tile (b_k d_v)
+    assert intermediate_bytes(4, 6, 3, block_q=1, block_k=1, dtype=torch.float16) == (1 + 6 + 5 + 4 + 3 + 3) * 4
+    assert intermediate_bytes(4, 6, 3, block_q=1, block_k=1, dtype=torch.bfloat16, d_k=7) == (1 + 6 + 5 + 4 + 7 + 3) * 4
     with pytest.raises(ValueError, match="give both block_q and block_k"):
         intermediate_bytes(4, 6, 3, block_q=2)
     with pytest.raises(ValueError, match="give both block_q and block_k"):

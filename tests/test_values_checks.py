@@ -42,20 +42,21 @@ def test_check_int_and_check_positive_int() -> None:
 
 
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [
-    ((1, "w"), {}, 1), ((6, "w"), {"even": True}, 6), ((0, "w"), {"zero_ok": True}, 0),
-    ((3, "w"), {"zero_ok": True}, 3), ((2, "w"), {"even": True, "zero_ok": True}, 2),
+    (("w", 1), {}, 1), (("w", 6), {"even": True}, 6), (("w", 0), {"zero_ok": True}, 0),
+    (("w", 3), {"zero_ok": True}, 3), (("w", 2), {"even": True, "zero_ok": True}, 2),
 ])
 def test_check_width_accepts(args: tuple, kwargs: dict, expected: int) -> None:
     assert check_width(*args, **kwargs) == expected
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
-    ((0, "w"), {}, ValueError, "w must be a positive int, got 0"),
-    ((-1, "w"), {"zero_ok": True}, ValueError, "w must be a non-negative int, got -1"),
-    ((3, "w"), {"even": True}, ValueError, r"w must be even for RoPE \(dimension j is paired with j \+ w/2\), got 3"),
-    ((False, "w"), {"zero_ok": True}, TypeError, "w must be a positive int, got bool False"),
-    ((0.0, "w"), {"zero_ok": True}, TypeError, "w must be a positive int, got float"),
-    ((2.0, "w"), {}, TypeError, "w must be a positive int"),
+    (("w", 0), {}, ValueError, "w must be a positive int, got 0"),
+    (("w", -1), {"zero_ok": True}, ValueError, "w must be a non-negative int, got -1"),
+    (("w", 3), {"even": True}, ValueError, "w must be even, got 3$"),
+    (("w", 3), {"even": True, "why": "pairs"}, ValueError, "w must be even, got 3: pairs"),
+    (("w", False), {"zero_ok": True}, TypeError, "w must be a positive int, got bool False"),
+    (("w", 0.0), {"zero_ok": True}, TypeError, "w must be a positive int, got float"),
+    (("w", 2.0), {}, TypeError, "w must be a positive int"),
 ])
 def test_check_width_refuses(args: tuple, kwargs: dict, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
