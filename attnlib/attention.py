@@ -23,7 +23,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from attnlib.checks import check_mask, check_tensor, check_width, format_shape
+from attnlib.checks import broadcast_shape, check_mask, check_tensor, check_width, format_shape
 
 __all__ = ["masked_softmax", "attention", "causal_mask", "check_qkv", "check_scale"]
 
@@ -106,7 +106,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> torch.Size:
     if k.shape[-1] == 0:
         raise ValueError(f"q and k must have width d_k >= 1: k has shape {format_shape(k)}")
     try:
-        return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        return broadcast_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"batch dimensions do not broadcast: "

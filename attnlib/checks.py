@@ -17,6 +17,7 @@ attnlib.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -30,6 +31,7 @@ __all__ = [
     "check_width",
     "check_index",
     "check_heads",
+    "broadcast_shape",
     "check_mask",
     "check_head_mask",
     "check_attention_inputs",
@@ -113,6 +115,17 @@ def check_heads(d_model: object, num_heads: object, d_k: object = None) -> int:
     return d // h
 
 
+def broadcast_shape(*shapes: Sequence[int]) -> torch.Size:
+    """The shape that ``shapes`` broadcast to, by torch's rules; ``RuntimeError`` if they do not.
+
+    The answer of ``torch.broadcast_shapes``, computed by broadcasting empty tensors on the
+    ``meta`` device (no memory, no arithmetic). ``torch.broadcast_shapes`` itself imports
+    sympy on its first call, about 2.5 s of every process and notebook kernel that checks a
+    mask; this does not.
+    """
+    return torch.broadcast_tensors(*(torch.empty(tuple(s), device="meta") for s in shapes))[0].shape
+
+
 def check_mask(mask: object, target: torch.Size, name: str = "mask") -> Tensor:
     """Return ``mask`` if it is boolean and broadcasts to ``target``; raise otherwise.
 
@@ -132,7 +145,7 @@ def check_mask(mask: object, target: torch.Size, name: str = "mask") -> Tensor:
             f"float mask with `{name} == 0` or a 0/1 mask with `{name}.bool()`"
         )
     try:
-        broadcast = torch.broadcast_shapes(mask.shape, target)
+        broadcast = broadcast_shape(mask.shape, target)
     except RuntimeError:
         broadcast = None
     if broadcast != target:

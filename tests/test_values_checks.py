@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlib.checks import (
+    broadcast_shape,
     check_attention_inputs,
     check_head_mask,
     check_heads,
@@ -139,3 +142,16 @@ def test_check_attention_inputs_accepts_and_refuses() -> None:
     for args, error, match in bad:
         with pytest.raises(error, match=match):
             check_attention_inputs(*args, 8, 4)
+
+
+@given(st.lists(st.lists(st.integers(0, 3), max_size=4), min_size=1, max_size=3))
+@settings(max_examples=40, deadline=None)  # the first call of torch.broadcast_shapes imports sympy
+def test_broadcast_shape_is_torchs(shapes: list[list[int]]) -> None:
+    """broadcast_shape gives torch.broadcast_shapes' answer, or raises RuntimeError where it does."""
+    try:
+        expected = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            broadcast_shape(*shapes)
+        return
+    assert broadcast_shape(*shapes) == expected

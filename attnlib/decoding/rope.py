@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from attnlib.checks import check_tensor, check_width, format_shape
+from attnlib.checks import broadcast_shape, check_tensor, check_width, format_shape
 
 __all__ = ["rope_inv_freq", "rope_angles", "rotate_half", "apply_rope", "rope_rotation",
            "check_rope_base", "angle_dtype", "rope_frequency_error", "rope_angle_error", "rope_merged_bound"]
@@ -127,7 +127,7 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
         raise TypeError(f"positions must be a torch.Tensor or None, got {type(positions).__name__}")
     else:
         try:
-            ok = torch.broadcast_shapes(positions.shape, x.shape[:-1]) == x.shape[:-1]
+            ok = broadcast_shape(positions.shape, x.shape[:-1]) == x.shape[:-1]
         except RuntimeError:
             ok = False
         if not ok:

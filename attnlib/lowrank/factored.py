@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
-from attnlib.checks import check_positive_int, check_tensor, format_shape
+from attnlib.checks import broadcast_shape, check_positive_int, check_tensor, format_shape
 from attnlib.lowrank.signs import fix_signs
 
 __all__ = ["FactoredMatrix", "FlopCount"]
@@ -121,7 +121,7 @@ class FactoredMatrix:
                 f"{left.device}, right is {right.dtype} on {right.device}"
             )
         try:
-            batch = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2])
+            batch = broadcast_shape(left.shape[:-2], right.shape[:-2])
         except RuntimeError:
             raise ValueError(
                 f"the batch dimensions of left {format_shape(left)} and right "
@@ -383,7 +383,7 @@ class FactoredMatrix:
                 f"{self.left.device}), got {a.dtype} on {a.device}"
             )
         try:
-            torch.broadcast_shapes(a.shape[:-2], self.batch_shape)
+            broadcast_shape(a.shape[:-2], self.batch_shape)
         except RuntimeError:
             raise ValueError(
                 f"a's batch dimensions {format_shape(a)} do not broadcast with the "
