@@ -35,6 +35,8 @@ from attnlib.recall.survey import (
     RecallSurvey,
     SurveyGroup,
     SurveyTable,
+    binomial_counts,
+    binomial_interval,
     compare_with_survey,
     load_survey,
     save_survey,
@@ -64,4 +66,6 @@ __all__ = [
     "save_survey",
     "load_survey",
     "compare_with_survey",
+    "binomial_interval",
+    "binomial_counts",
 ]
