@@ -26,6 +26,7 @@ from attnlib.recall import (
     block_fractions,
     compare_with_survey,
     load_survey,
+    rate_text,
     save_survey,
     survey_numbers,
     train_group,
@@ -394,6 +395,8 @@ def test_binomial_counts() -> None:
         assert 1 - tail_le(high, n, rate[1]) <= alpha < 1 - tail_le(high - 1, n, rate[1])
     assert binomial_counts(binomial_interval(36, 40), 20) == (11, 20)  # chapter 7: 36 of 40 seeds
     assert binomial_counts((0.0, 0.0), 5) == (0, 0) and binomial_counts((1.0, 1.0), 5) == (5, 5)
+    assert rate_text(36, 40) == "36 of 40: a rate of 0.76 to 0.97 (95 %), 11 to 20 of 20 other seeds"
+    assert rate_text(0, 40, others=10, level=0.9).startswith("0 of 40: a rate of 0.00 to 0.07 (90 %), 0 to ")
 
 
 def test_binomial_errors() -> None:

@@ -39,6 +39,7 @@ from attnlib.recall.survey import (
     binomial_interval,
     compare_with_survey,
     load_survey,
+    rate_text,
     save_survey,
     survey_numbers,
     train_group,
@@ -68,4 +69,5 @@ __all__ = [
     "compare_with_survey",
     "binomial_interval",
     "binomial_counts",
+    "rate_text",
 ]

@@ -30,7 +30,7 @@ from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 
 __all__ = ["SURVEY_SEEDS", "CONFIGS", "HeadConfig", "TEST_SEED", "SurveyGroup", "RecallSurvey", "SurveyTable",
            "train_group", "train_survey", "survey_numbers", "load_survey", "save_survey",
-           "compare_with_survey", "binomial_interval", "binomial_counts"]
+           "compare_with_survey", "binomial_interval", "binomial_counts", "rate_text"]
 
 SURVEY_SEEDS = tuple(range(40))  # the seeds of the stored table
 TEST_SEED = 1000  # the test books' generator: no training seed
@@ -439,4 +439,13 @@ def binomial_counts(rate: tuple[float, float], n: int, level: float = 0.95) -> t
     low = next(c for c in range(n + 1) if _binomial_cdf(c, n, lower) > alpha)
     high = next(c for c in range(n + 1) if _binomial_cdf(c, n, upper) >= 1.0 - alpha)
     return low, high
+
+
+def rate_text(k: int, n: int, others: int = 20, level: float = 0.95) -> str:
+    """``k`` of ``n`` seeds as a rate, in words: the count, its :func:`binomial_interval` and the
+    :func:`binomial_counts` that ``others`` other seeds can show, e.g. ``"36 of 40: a rate of 0.76
+    to 0.97 (95 %), 11 to 20 of 20 other seeds"``."""
+    lo, hi = binomial_interval(k, n, level)
+    low, high = binomial_counts((lo, hi), others, level)
+    return f"{k} of {n}: a rate of {lo:.2f} to {hi:.2f} ({level:.0%}), {low} to {high} of {others} other seeds".replace("%)", " %)")
 
