@@ -22,7 +22,8 @@ The package's modules: :mod:`~attnlib.recall.task` (the task and its batches),
 :mod:`~attnlib.recall.head` (one head, its training, :func:`block_fractions`) and
 :mod:`~attnlib.recall.runs` (many heads, over seeds and widths, trained at once as one
 batched computation) and :mod:`~attnlib.recall.survey` (every head of chapter 7 over many
-seeds, the per-seed numbers the chapter reports, and their stored table); every name is
+seeds, the per-seed numbers the chapter reports, and their stored table) and
+:mod:`~attnlib.recall.rates` (a count of seeds as a rate with its interval); every name is
 importable from ``attnlib.recall``.
 """
 
@@ -35,16 +36,14 @@ from attnlib.recall.survey import (
     RecallSurvey,
     SurveyGroup,
     SurveyTable,
-    binomial_counts,
-    binomial_interval,
     compare_with_survey,
     load_survey,
-    rate_text,
     save_survey,
     survey_numbers,
     train_group,
     train_survey,
 )
+from attnlib.recall.rates import binomial_counts, binomial_interval, rate_text
 from attnlib.recall.task import PhoneBookTask, RecallBatch
 
 __all__ = [
