@@ -193,8 +193,9 @@ def typical_rounding_bound(
         \varepsilon \lambda \big(2 (\sqrt{d_k} + 3) S + 2 \sqrt{2 n_k} + 5\big)\, (|P|\,|V|)_{ic}
         + 2 n_k \tau (3 \max|V| + 2)
 
-    (underflow kept at its worst case). Meant as the gate before a timing: an error of one
-    dropped or wrong tile of keys exceeds it where the worst case would let it pass. A kernel
+    (underflow kept at its worst case). Meant as the gate before a timing: the error of one
+    dropped tile of keys exceeds it where the worst case would let it pass (chapter 10 measures
+    which planted errors it refuses at which lengths, and which milder ones pass). A kernel
     whose rounding errors are biased could exceed it too; the gate would then fail loudly.
     Shapes and dtype as :func:`rounding_bound`; ``lam`` > 0 (default 8).
     """
