@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from attnlib.checks import check_mask, check_positive_int, check_tensor, format_shape
-from attnlib.attention import _masked_softmax, check_qkv, check_scale
+from attnlib.attention import check_qkv, check_scale, masked_softmax
 
 __all__ = ["intermediate_bytes", "accumulator_dtype", "rounding_bound", "typical_rounding_bound",
            "gradient_rounding_bound", "share_sum_bound", "output_projection_bound"]
@@ -99,7 +99,7 @@ def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | 
         p = torch.softmax(s, dim=-1)
     else:
         check_mask(mask, batch + s.shape[-2:])
-        p = _masked_softmax(s, mask)  # 0 for a query with no allowed key
+        p = masked_softmax(s, mask)  # 0 for a query with no allowed key
         s = s.masked_fill(~mask, float("-inf"))
     p = p.expand(batch + s.shape[-2:])  # (..., n_q, n_k), v's batch dimensions too
     big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
