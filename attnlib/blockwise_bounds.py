@@ -27,8 +27,8 @@ import math
 import torch
 from torch import Tensor
 
-from attnlib.checks import check_positive_int, check_tensor, format_shape
-from attnlib.attention import attention
+from attnlib.checks import check_mask, check_positive_int, check_tensor, format_shape
+from attnlib.attention import check_qkv, check_scale, masked_softmax
 
 __all__ = ["intermediate_bytes", "accumulator_dtype", "rounding_bound", "typical_rounding_bound",
            "gradient_rounding_bound", "share_sum_bound", "output_projection_bound"]
@@ -86,16 +86,23 @@ def intermediate_bytes(
 # ---- how close two evaluations must be -----------------------------------------------------------
 def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None
            ) -> tuple[Tensor, Tensor, Tensor, Tensor, float, float, float, Tensor]:
-    """Float64 copies, the weights P (checks the arguments), scale, S, tiny, the exact lse."""
+    """Float64 copies, the weights P (the arguments checked as :func:`attnlib.attention` checks
+    them, the weights computed as it computes them, from one product of scores), scale, S, tiny,
+    the exact lse."""
     if check_tensor("q", q).dim() < 2:
         raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
+    batch = check_qkv(q, k, v)
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(check_scale(scale))
     q64, k64, v64 = (t.detach().to(torch.float64) for t in (q, k, v))
-    _, p = attention(q64, k64, v64, mask=mask, scale=scale)  # (..., n_q, n_k), checks the arguments
-    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
     s = (q64 @ k64.transpose(-2, -1)) * sc  # (..., n_q, n_k)
-    if mask is not None:
+    if mask is None:
+        p = torch.softmax(s, dim=-1)
+    else:
+        check_mask(mask, batch + s.shape[-2:])
+        p = masked_softmax(s, mask)  # 0 for a query with no allowed key
         s = s.masked_fill(~mask, float("-inf"))
+    p = p.expand(batch + s.shape[-2:])  # (..., n_q, n_k), v's batch dimensions too
+    big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
     lse = torch.logsumexp(s, -1)  # (..., n_q)
     return q64, k64, v64, p, sc, big, torch.finfo(q.dtype).tiny, lse
 
@@ -186,8 +193,9 @@ def typical_rounding_bound(
         \varepsilon \lambda \big(2 (\sqrt{d_k} + 3) S + 2 \sqrt{2 n_k} + 5\big)\, (|P|\,|V|)_{ic}
         + 2 n_k \tau (3 \max|V| + 2)
 
-    (underflow kept at its worst case). Meant as the gate before a timing: an error of one
-    dropped or wrong tile of keys exceeds it where the worst case would let it pass. A kernel
+    (underflow kept at its worst case). Meant as the gate before a timing: the error of one
+    dropped tile of keys exceeds it where the worst case would let it pass (chapter 10 measures
+    which planted errors it refuses at which lengths, and which milder ones pass). A kernel
     whose rounding errors are biased could exceed it too; the gate would then fail loudly.
     Shapes and dtype as :func:`rounding_bound`; ``lam`` > 0 (default 8).
     """

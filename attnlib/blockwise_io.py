@@ -426,7 +426,8 @@ def io_formula(algorithm: str, n: int, d: int, sram_bytes: int, itemsize: int = 
       Q and O once; K and V once per row of tiles);
     - ``"flash"``: :math:`3 n d + 2 n + T(B_c)\,(3 n d + 4 n)` (K, V once; O, :math:`\ell`, m
       written to start; then per key tile Q and O read, O written, :math:`\ell` and m read and written);
-    - ``"flash2"``: :math:`2 n d + n + 2\, T(B)\, n d`;
+    - ``"flash2"``: :math:`2 n d + n + 2\, T(B)\, n d`, :math:`B = \lceil M / 4d \rceil` its query
+      tile (not Algorithm 1's :math:`B_r`): K and V read once per query tile;
     - ``"backward_q_outer"``: :math:`7 n d + 3 n + 6\, T(B)\, n d`;
     - ``"backward_kv_outer"``: :math:`7 n d + n + T(B)\,(4 n d + 2 n)`.
     """

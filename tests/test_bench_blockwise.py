@@ -1,6 +1,7 @@
 """benchmarks/bench_blockwise.py (chapter 10) and benchmarks/harness.py: a quick run leaves the
-committed results alone, the committed results are refused as an output, the gate refuses a
-dropped tile of keys and an SDPA call that is not the fused kernel, the harness reads user and
+committed results alone, the committed results are refused as an output, the gate reads a row in every tile of 256 queries
+at every timed length and refuses a dropped tile of keys, a wrong or zeroed tile of queries and an
+SDPA call that is not the fused kernel, the harness reads user and
 system time apart, and the stored CSV reads back as the chapter uses it."""
 
 from __future__ import annotations
@@ -73,6 +74,42 @@ def test_the_gate_refuses_a_dropped_tile_and_a_math_path_called_flash() -> None:
         three_d = {"sdpa_flash": lambda: F.scaled_dot_product_attention(q[None], k[None], v[None])[0]}
         with pytest.raises(RuntimeError, match="No available kernel"):  # 3-D: only the math path would run
             bench.check_agreement(three_d, q, k, v)
+
+
+@pytest.mark.parametrize("n", [1024, 2048, 4096, 8192, 16384, 32768, 1000, 300, 7])
+def test_the_gate_reads_a_row_in_every_tile_of_256_queries(n: int) -> None:
+    bench = _bench()
+    rows = bench.gate_rows(n)
+    assert rows.dtype == torch.int64 and (rows[1:] > rows[:-1]).all() and 0 <= rows[0] and rows[-1] < n
+    assert set((rows // 256).tolist()) == set(range(-(-n // 256)))  # every query tile holds a row
+    assert len(rows) == max(min(n, 64), -(-n // 256)) if n % 64 == 0 else len(rows) >= min(n, 64)
+    assert torch.equal(rows, bench.gate_rows(n))  # seeded: the same rows every time
+    with pytest.raises(ValueError, match="n, tile and at_least must be >= 1"):
+        bench.gate_rows(0)
+
+
+def test_the_gate_refuses_a_wrong_tile_of_queries() -> None:
+    """A loop right everywhere but in one tile of 256 queries (two positions): zeroed, or missing
+    one tile of keys there; the gate refuses each. (Chapter 10 plants these at every position and
+    every timed length, in float64 from each tile's terms.)"""
+    bench = _bench()
+    n = 2048
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(n, 64, generator=g) for _ in range(3))
+    with torch.no_grad():
+        right = blockwise_attention(q, k, v, block_q=256, block_k=256).out
+        assert bench.check_agreement({"blockwise": lambda: right}, q, k, v) < 1
+        for i in (1, 6):
+            rows = slice(256 * i, 256 * (i + 1))
+            zeroed = right.clone()
+            zeroed[rows] = 0
+            missing = right.clone()  # query tile i misses key tile (i + 3) mod 8
+            j = (i + 3) % 8
+            keep = torch.cat([torch.arange(0, 256 * j), torch.arange(256 * (j + 1), n)])
+            missing[rows] = blockwise_attention(q[rows], k[keep], v[keep], block_q=256, block_k=256).out
+            for wrong in (zeroed, missing):
+                with pytest.raises(AssertionError, match="over the (worst-case bound|typical-error tolerance)"):
+                    bench.check_agreement({"blockwise": lambda: wrong}, q, k, v)
 
 
 def test_harness_reads_user_and_system_time_and_faults_apart() -> None:
