@@ -389,9 +389,9 @@ def _planted(bert, error: str) -> Iterator[torch.nn.Module]:
             for block in blocks:
                 block.intermediate_act_fn = ACT2FN["gelu_pytorch_tanh"]
         else:
-            assert error == "LayerNorm eps 1e-5"
+            assert error.startswith("LayerNorm eps ")
             for m in norms:
-                m.eps = 1e-5
+                m.eps = float(error.removeprefix("LayerNorm eps "))
         yield bert
     finally:
         for block in blocks:
@@ -403,8 +403,10 @@ def _planted(bert, error: str) -> Iterator[torch.nn.Module]:
 def test_embedding_gate_passes_rounding_and_refuses_planted_errors(bert) -> None:
     """The margins EMBEDDING_TOLERANCE's docstring states: float32 rounding (against float64,
     and each sentence alone against the padded batch: the masked mean of the last hidden
-    state, normalised) stays 20 times below the gate, and each planted error lands more than
-    10 times above it (and below the old tolerance, eps32 x the summed widths, 2.5e-3)."""
+    state, normalised) stays 10 times below the gate (5 times for the one-word "Ok." alone),
+    and each planted error lands more than 10 times above it (and below a rounding-only
+    tolerance, eps32 x the summed widths, 2.5e-3). The gate's floor is its own: LayerNorm eps
+    1e-6 is refused only just, 1e-7 passes."""
     tok = minilm_tokenizer()
     texts = ["This forum is awesome", "Keys are searched, values are read out."]
     enc = tok.encode_batch(texts)
@@ -416,19 +418,27 @@ def test_embedding_gate_passes_rounding_and_refuses_planted_errors(bert) -> None
         return torch.nn.functional.normalize(mean_pool(hidden.double(), mask), dim=-1)  # (B, d)
 
     reference = embed(bert)
-    exact = embed(type(bert).from_pretrained(minilm_dir(), local_files_only=True, dtype=torch.float64).eval())
-    assert assert_embeddings_close(reference.float(), exact) < EMBEDDING_TOLERANCE / 20
+    bert64 = type(bert).from_pretrained(minilm_dir(), local_files_only=True, dtype=torch.float64).eval()
+    assert assert_embeddings_close(reference.float(), embed(bert64)) < EMBEDDING_TOLERANCE / 10
+    ok = torch.tensor([tok.encode("Ok.").ids])  # a one-word sentence: rounding near 2e-6
+    assert assert_embeddings_close(embed(bert, ok, torch.ones_like(ok)),
+                                   embed(bert64, ok, torch.ones_like(ok))) < EMBEDDING_TOLERANCE / 5
     for b, text in enumerate(texts):  # each sentence alone, no padding
         one = torch.tensor([tok.encode(text).ids])
         alone = embed(bert, one, torch.ones_like(one))[0]
-        assert assert_embeddings_close(alone, reference[b]) < EMBEDDING_TOLERANCE / 20
+        assert assert_embeddings_close(alone, reference[b]) < EMBEDDING_TOLERANCE / 10
     for error in ("tanh GELU", "LayerNorm eps 1e-5", "float16"):
         with _planted(bert, error) as wrong_model:
             wrong = embed(wrong_model)
         with pytest.raises(AssertionError, match="not the same model"):
             assert_embeddings_close(wrong, reference)
-        gap = assert_embeddings_close(wrong, reference, tolerance=2.5e-3)  # the old gate let it through
+        gap = assert_embeddings_close(wrong, reference, tolerance=2.5e-3)  # rounding-only: lets it through
         assert gap > 10 * EMBEDDING_TOLERANCE, error
+    with _planted(bert, "LayerNorm eps 1e-6") as wrong_model:  # the same error, smaller
+        just = assert_embeddings_close(embed(wrong_model), reference, tolerance=1.0)
+    with _planted(bert, "LayerNorm eps 1e-7") as wrong_model:
+        passes = assert_embeddings_close(embed(wrong_model), reference)  # under the gate
+    assert EMBEDDING_TOLERANCE < just < 3 * EMBEDDING_TOLERANCE and passes < EMBEDDING_TOLERANCE / 2
     assert torch.equal(embed(bert), reference)  # every planted error undone
 
 
