@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import MultiHeadAttention, SeparateHeadsAttention
-from attnlib.audit import BUGS, BUGS_BY_NAME, PAIRS, AuditReport, diagnose, planted, probe_inputs
+from attnlib.audit import (
+    BUGS, BUGS_BY_NAME, PAIRS, AuditReport, assert_attention_matches, diagnose, planted, probe_inputs,
+)
 from attnlib.interop import read_separate_linear, read_torch_mha, write_separate_linear
 
 SETTINGS = settings(max_examples=20, deadline=None)
@@ -448,6 +450,69 @@ def test_float64_reference_and_rtol() -> None:
     report = diagnose(learner(ref), ref)
     assert report.ok and report.rtol == pytest.approx(math.sqrt(torch.finfo(torch.float64).eps))
     assert diagnose(learner(ref, "missing_scale"), ref, rtol=1e-6).bugs == ("missing_scale",)
+
+
+class ScaleOff(Scratch):
+    """Scores divided by ``factor * sqrt(d_k)``: a real error, as small as ``factor - 1``."""
+
+    factor = 1.0001
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        return q @ k.transpose(-2, -1) / (math.sqrt(self.d_k) * self.factor)
+
+
+def scale_off(ref: MultiHeadAttention, factor: float) -> Scratch:
+    module = type("Off", (ScaleOff,), {"factor": factor})(ref.d_model, ref.num_heads).to(ref.w_q.dtype)
+    module.load_state_dict(learner(ref).state_dict())
+    return module
+
+
+def test_a_small_real_error_in_float64_never_passes() -> None:
+    """A float64 module whose scale is off by 1e-4 is within float32's rounding of the reference:
+    the report says a step may run in float32, but does not pass it; declared float64, the
+    float32 explanation is not offered at all; declared float32, it passes (the user said so)."""
+    ref = reference(dtype=torch.float64)
+    module = scale_off(ref, 1.0001)
+    report = diagnose(module, ref, pairs=False)  # pairs: the search is not the point here
+    assert not report.ok and report.bugs == () and report.suspected_dtype == "float32"
+    assert report.compute_dtype == "" and 1e-6 < report.max_error < 1e-4
+    assert report.rtol == pytest.approx(math.sqrt(torch.finfo(torch.float64).eps))
+    text = " ".join(str(report).split())
+    assert text.startswith("WRONG") and "not a pass" in text and "compute_dtype=torch.float64" in text
+    with pytest.raises(AssertionError, match="not a pass"):
+        assert_attention_matches(module, ref, pairs=False)
+    strict = diagnose(module, ref, compute_dtype=torch.float64, pairs=False)
+    assert not strict.ok and strict.suspected_dtype == "" and "float32" not in str(strict)
+    declared = diagnose(module, ref, compute_dtype=torch.float32)
+    assert declared.ok and declared.compute_dtype == "float32" and declared.suspected_dtype == ""
+    assert diagnose(learner(ref), ref, compute_dtype=torch.float64).ok  # a right module still passes
+
+
+def test_large_scores_hints_name_renormalisation_finite_fills_and_capping() -> None:
+    class Renormalised(Scratch):  # masked after the softmax, then renormalised: 0/0 with large scores
+        def fill(self, scores: Tensor, blocked: Tensor) -> Tensor:
+            return scores
+
+        def after(self, weights: Tensor, blocked: Tensor) -> Tensor:
+            kept = weights.masked_fill(blocked, 0.0)
+            return kept / kept.sum(-1, keepdim=True)
+
+    class SoftCapped(Scratch):  # Gemma 2's logit soft-capping, 50 tanh(s / 50)
+        def scores(self, q: Tensor, k: Tensor) -> Tensor:
+            return 50 * torch.tanh(super().scores(q, k) / 50)
+
+    ref = reference(d_model=32, h=4)
+    for cls in (Renormalised, SoftCapped):
+        module = cls(32, 4)
+        module.load_state_dict(learner(ref).state_dict())
+        report = diagnose(module, ref, pairs=False)
+        assert not report.ok and report.bugs == ()
+        text = " ".join(str(report).split())
+        assert "soft-capping" in text and "cannot be referenced" in text
+        if cls is Renormalised:  # right on every probe but the large scores, where it is NaN
+            assert [k for k, e in report.errors.items() if e > report.rtol] == ["large scores"]
+            assert report.max_error == math.inf and "NaN or inf" in text
+            assert "masking after the softmax and renormalising" in text and "finite mask value" in text
 
 
 def test_probe_masks_have_an_allowed_and_a_blocked_key_in_every_row_and_column() -> None:

@@ -35,7 +35,7 @@ from attnlib.audit.checks import check_reference, default_rtol, module_dtype, re
 from attnlib.audit.engine import ReferenceParams
 from attnlib.audit.probes import Probe
 from attnlib.audit.report import AuditReport, fmt_error, hint_for, register_bugs
-from attnlib.audit.search import tolerance
+from attnlib.audit.search import float32_note, tolerance
 from attnlib.decoding import apply_rope
 from attnlib.multihead import MultiHeadAttention
 
@@ -315,22 +315,26 @@ def diagnose_cache(
 
         errors = errors_of(_CacheRecipe())
         ok, explanations = search(rtol)
-        inferred = ""
+        suspected, within32 = "", 0.0  # a float32 step, or a real error as small: said, never passed
         if (not ok and not explanations and given is None and compute_dtype is None
                 and ref_dtype == yours[0].dtype == torch.float64):
             rtol32 = tolerance(None, ref_dtype, yours[0].dtype, reference, w64, probes, torch.float32)
             ok32, found32 = search(rtol32)
-            if ok32 or found32:
-                ok, explanations, rtol, inferred = ok32, found32, rtol32, "float32"
+            if ok32:
+                suspected, within32 = "float32", rtol32
+            elif found32:
+                explanations, rtol, suspected = found32, rtol32, "float32"
         undetectable = tuple(b.name for b in active if fits((b.name,), rights, rtol))
     finally:
         torch.set_num_threads(threads)
     names = tuple(dict.fromkeys(itertools.chain.from_iterable(explanations)))
     notes: tuple[str, ...] = ()
-    if inferred:
-        notes = (f"a step of your module seems to run in float32: its outputs differ from the float64 reference "
-                 f"by more than float64's rounding, but within float32's, so it was compared at float32's "
-                 f"tolerance ({fmt_error(rtol)}); pass compute_dtype=torch.float32 to say so.",)
+    if within32:
+        notes = (float32_note(rtol, within32),)
+    elif suspected:
+        notes = (f"a step of your module seems to run in float32: no bug explains its outputs at float64's "
+                 f"rounding, so the bugs were sought at float32's ({fmt_error(rtol)}). Pass "
+                 f"compute_dtype=torch.float32 if a step does run in float32, or torch.float64 if none does.",)
     return AuditReport(
         ok=ok, bugs=names, explanations=explanations, max_error=max(errors.values()),
         errors=MappingProxyType(errors), undetectable=undetectable, rtol=rtol, num_heads=reference.num_heads,
@@ -339,8 +343,8 @@ def diagnose_cache(
         raised=MappingProxyType(raised),
         hint="" if ok or explanations else hint_for(errors, rtol)
         + " If the full pass is wrong too, check it first with diagnose(..., causal=True).",
-        compute_dtype=inferred or ("" if compute_dtype is None else str(compute_dtype).removeprefix("torch.")),
-        notes=notes,
+        compute_dtype="" if compute_dtype is None else str(compute_dtype).removeprefix("torch."),
+        notes=notes, suspected_dtype=suspected,
     )
 
 

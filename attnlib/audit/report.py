@@ -64,9 +64,14 @@ class AuditReport:
     - ``padded_rows``: with ``padding=True``, what your module returns for a padded query (a
       convention, not compared: a key of :data:`~attnlib.audit.report.PADDED_ROWS`, or
       ``"something else"``); None otherwise.
-    - ``compute_dtype``: the dtype a step of your module computes in, declared
-      (``compute_dtype=``) or inferred (a float64 module within float32's rounding of the
-      reference); empty when neither.
+    - ``compute_dtype``: the dtype a step of your module computes in, as you declared it
+      (``compute_dtype=``); empty when not declared.
+    - ``suspected_dtype``: ``"float32"`` when your float64 module's outputs are within
+      float32's rounding of the reference but not float64's and you declared no
+      ``compute_dtype``. Such a report is not ``ok``: a float32 step and a real error that
+      small look the same, so declare which (``compute_dtype=torch.float32`` or
+      ``torch.float64``). Also ``"float32"`` when a bug was named at float32's tolerance.
+      Empty otherwise.
     - ``notes``: further lines of the report (why a tolerance was raised, ...).
     """
 
@@ -88,6 +93,7 @@ class AuditReport:
     padded_rows: str | None = None
     compute_dtype: str = ""
     notes: tuple[str, ...] = ()
+    suspected_dtype: str = ""
 
     def __str__(self) -> str:
         if self.ok:
@@ -156,11 +162,23 @@ def hint_for(errors: Mapping[str, float], rtol: float, *, causal: bool = False) 
     form runs no unmasked probe (the module masks the future itself)."""
     wrong = {k for k, e in errors.items() if e > rtol}
     beyond = (" If your module adds positions inside attention (partial rotary, a relative position bias; "
-              "ALiBi needs an AlibiAttention reference) or normalises q and k (QK-norm), no attnlib "
-              "reference computes it: see chapter 9's table of what cannot be referenced.")
+              "ALiBi needs an AlibiAttention reference), normalises q and k (QK-norm) or caps its scores "
+              "(logit soft-capping), no attnlib reference computes it; a sliding window applied inside "
+              "your module must go into the mask instead: see chapter 9's table of what cannot be referenced.")
     if wrong == {"large scores"}:
-        return ("right except with large scores: a finite mask value (-1e4 or -1e5 added, say) loses to "
-                "scores this far apart; fill with float('-inf') or torch.finfo(dtype).min.")
+        renormalised = ("masking after the softmax and renormalising (w = softmax(s) * mask; w = w / "
+                        "w.sum(-1)), which divides 0 by 0 (NaN) where blocked keys take all the weight and "
+                        "the allowed ones underflow: mask the scores before the softmax")
+        finite = ("a finite mask value (-1e4 or -1e5 added, say), which loses to scores this far apart: "
+                  "fill with float('-inf') or torch.finfo(dtype).min")
+        capped = (" A module that caps its scores (logit soft-capping, c * tanh(s / c), as in Gemma 2) "
+                  "differs there too, and no attnlib reference computes it: see chapter 9's table of what "
+                  "cannot be referenced.")
+        if math.isinf(errors["large scores"]):
+            return (f"right except with large scores, where your output holds NaN or inf. Look for {renormalised}; "
+                    f"or for {finite}." + capped)
+        return ("right except with large scores: blocked keys leak or allowed ones underflow there. Look for "
+                f"{finite}; or for {renormalised}." + capped)
     if wrong == {"blocked row"}:
         return ("right except for the query whose keys are all blocked: it returns neither zeros, NaN, "
                 "the mean of the values nor the unmasked softmax there.")
