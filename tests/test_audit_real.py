@@ -6,7 +6,8 @@ Two kinds of module:
   ``DynamicCache``; ``LlamaAttention`` and ``Qwen2Attention`` with their real rotary embedding;
   ``BertAttention``; ``ViTAttention``; ``OPTAttention``; ``CLIPAttention``; ``BloomAttention``)
   and ``torch.nn.MultiheadAttention``, built offline from tiny configs: the right ones must pass,
-  in float32 and in float64;
+  in float32 and in float64 (those that take their softmax in float32 once that is declared,
+  ``compute_dtype=torch.float32``: undeclared, a float64 audit does not pass them);
 - **historical bugs** of public repositories, planted in their original form in modules written
   in each repository's idiom (our code; the wrong line is the repository's): each must get the
   right name.
