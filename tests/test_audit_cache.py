@@ -65,7 +65,8 @@ class CachedDecoder(nn.Module):
             k_all, v_all = k_all.repeat(1, rep, 1, 1), v_all.repeat(1, rep, 1, 1)
         else:
             k_all, v_all = (a.repeat_interleave(rep, dim=1) for a in (k_all, v_all))
-        scores = q @ k_all.transpose(2, 3) / math.sqrt(self.head_dim)  # (B, h, t, n_k)
+        off = 1.0001 if self.bug == "scale off by 1e-4" else 1.0  # a real error, tiny
+        scores = q @ k_all.transpose(2, 3) / (off * math.sqrt(self.head_dim))  # (B, h, t, n_k)
         n_k = k_all.shape[2]
         if t > 1 and self.bug != "prefill_not_causal":  # a prompt (or a chunk) masks its own future
             q_pos = torch.arange(n_k - t, n_k)[:, None]
@@ -89,6 +90,18 @@ def test_right_decoder_passes() -> None:
     module, ref = build()
     report = diagnose_cache(module, ref)
     assert report.ok and report.bugs == () and set(report.errors) == {"prefill", "steps", "chunks"}, str(report)
+
+
+def test_a_small_real_error_in_float64_is_not_passed_as_float32_rounding() -> None:
+    torch.manual_seed(0)
+    module = CachedDecoder(24, 4, 2, theta=None, bug="scale off by 1e-4").eval().double()
+    ref = module.reference()
+    report = diagnose_cache(module, ref, pairs=False)
+    assert not report.ok and report.bugs == () and report.suspected_dtype == "float32"
+    assert "not a pass" in str(report) and report.compute_dtype == ""
+    strict = diagnose_cache(module, ref, compute_dtype=torch.float64, pairs=False)
+    assert not strict.ok and strict.suspected_dtype == "" and "float32" not in str(strict)
+    assert diagnose_cache(module, ref, compute_dtype=torch.float32, pairs=False).ok  # declared: passes
 
 
 def test_attnlib_kv_cache_passes() -> None:
