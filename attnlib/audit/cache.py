@@ -315,22 +315,20 @@ def diagnose_cache(
 
         errors = errors_of(_CacheRecipe())
         ok, explanations = search(rtol)
-        suspected, within32 = "", 0.0  # a float32 step, or a real error as small: said, never passed
+        suspected, rtol64 = "", rtol  # a float32 step (or a real error as small): passed at float32's, and said
         if (not ok and not explanations and given is None and compute_dtype is None
                 and ref_dtype == yours[0].dtype == torch.float64):
             rtol32 = tolerance(None, ref_dtype, yours[0].dtype, reference, w64, probes, torch.float32)
             ok32, found32 = search(rtol32)
-            if ok32:
-                suspected, within32 = "float32", rtol32
-            elif found32:
-                explanations, rtol, suspected = found32, rtol32, "float32"
+            if ok32 or found32:
+                ok, explanations, rtol, suspected = ok32, found32, rtol32, "float32"
         undetectable = tuple(b.name for b in active if fits((b.name,), rights, rtol))
     finally:
         torch.set_num_threads(threads)
     names = tuple(dict.fromkeys(itertools.chain.from_iterable(explanations)))
     notes: tuple[str, ...] = ()
-    if within32:
-        notes = (float32_note(rtol, within32),)
+    if suspected and ok:
+        notes = (float32_note(rtol64, rtol),)
     elif suspected:
         notes = (f"a step of your module seems to run in float32: no bug explains its outputs at float64's "
                  f"rounding, so the bugs were sought at float32's ({fmt_error(rtol)}). Pass "
@@ -343,7 +341,7 @@ def diagnose_cache(
         raised=MappingProxyType(raised),
         hint="" if ok or explanations else hint_for(errors, rtol)
         + " If the full pass is wrong too, check it first with diagnose(..., causal=True).",
-        compute_dtype="" if compute_dtype is None else str(compute_dtype).removeprefix("torch."),
+        compute_dtype=suspected or ("" if compute_dtype is None else str(compute_dtype).removeprefix("torch.")),
         notes=notes, suspected_dtype=suspected,
     )
 

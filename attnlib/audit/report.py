@@ -64,14 +64,16 @@ class AuditReport:
     - ``padded_rows``: with ``padding=True``, what your module returns for a padded query (a
       convention, not compared: a key of :data:`~attnlib.audit.report.PADDED_ROWS`, or
       ``"something else"``); None otherwise.
-    - ``compute_dtype``: the dtype a step of your module computes in, as you declared it
-      (``compute_dtype=``); empty when not declared.
-    - ``suspected_dtype``: ``"float32"`` when your float64 module's outputs are within
-      float32's rounding of the reference but not float64's and you declared no
-      ``compute_dtype``. Such a report is not ``ok``: a float32 step and a real error that
-      small look the same, so declare which (``compute_dtype=torch.float32`` or
-      ``torch.float64``). Also ``"float32"`` when a bug was named at float32's tolerance.
-      Empty otherwise.
+    - ``compute_dtype``: the dtype a step of your module computes in, declared
+      (``compute_dtype=``) or inferred (a float64 module within float32's rounding of the
+      reference, or a bug named only at float32's tolerance); empty when neither.
+    - ``suspected_dtype``: ``"float32"`` when that dtype was inferred, not declared: your float64
+      module's outputs are within float32's rounding of the reference but not float64's, and you
+      declared no ``compute_dtype``. Such a report is ``ok`` at float32's tolerance (``rtol``),
+      and its note says that a real error that small (a scale off by 1e-4) would pass the same
+      way: declare ``compute_dtype=torch.float64`` for a module that computes in float64
+      throughout, to check it at float64's rounding. Also ``"float32"`` when a bug was named at
+      float32's tolerance. Empty otherwise.
     - ``notes``: further lines of the report (why a tolerance was raised, ...).
     """
 

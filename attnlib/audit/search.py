@@ -137,15 +137,16 @@ def tolerance(
 def float32_note(rtol64: float, rtol32: float) -> str:
     """The report's line for a float64 module whose outputs differ from the reference by more
     than float64's rounding (``rtol64``) but within float32's along the layer (``rtol32``), with
-    no bug to explain them: a float32 step or a real error this small, which the audit cannot
-    tell apart, so it does not pass."""
+    no bug to explain them and no ``compute_dtype`` declared: it passed at float32's tolerance,
+    and a real error this small would have passed the same way."""
     return (
-        f"not a pass: your outputs differ from the float64 reference by more than float64's rounding "
-        f"({fmt_error(rtol64)}) but within float32's along this layer ({fmt_error(rtol32)}). Either a step of "
-        f"your module computes in float32 (Hugging Face's OPT, CLIP, ViT and Llama layers take their softmax in "
-        f"float32): then say so, compute_dtype=torch.float32, and audit again; or your module has a real error "
-        f"this small (a scale off by 1e-4, say), which a float64 audit is there to catch. For a module that "
-        f"computes in float64 throughout, pass compute_dtype=torch.float64."
+        f"passed at float32's tolerance ({fmt_error(rtol32)}), not float64's ({fmt_error(rtol64)}): your outputs "
+        f"differ from the float64 reference by more than float64's rounding but within float32's along this "
+        f"layer, so a step of your module seems to run in float32 (Hugging Face's OPT, CLIP, ViT and Llama layers "
+        f"take their softmax in float32). A real error this small (a scale off by 1e-4, say) would pass the same "
+        f"way. For a module that computes in float64 throughout, pass compute_dtype=torch.float64 to check at "
+        f"float64's rounding (such an error is then WRONG); or pass compute_dtype=torch.float32 to declare the "
+        f"float32 step."
     )
 
 
@@ -196,13 +197,15 @@ def diagnose(
         compute_dtype: a dtype some step of your module computes in (Hugging Face's OPT, CLIP,
             ViT and Llama take their softmax in float32 inside a float64 module): the tolerance
             is then that dtype's rounding along the layer. ``torch.float64`` for a module that
-            computes in float64 throughout: the audit then keeps float64's tolerance and says
-            nothing of float32. Left None, a float64 audit whose error is above float64's
-            rounding but within float32's, with no bug of the catalogue to explain it, does
-            **not** pass: the report says that a step may run in float32, or the module has a
-            real error that small, and asks you to declare which (``report.suspected_dtype``
-            is ``"float32"``). When a bug explains the outputs only at float32's tolerance, it is
-            named, at that tolerance.
+            computes in float64 throughout: the audit keeps float64's tolerance, so an error
+            above float64's rounding is WRONG however small. Left None, a float64 audit whose
+            error is above float64's rounding but within float32's, with no bug of the
+            catalogue to explain it, passes at float32's tolerance (``report.rtol``), and the
+            report says so: a step seems to run in float32 (``report.compute_dtype`` and
+            ``report.suspected_dtype`` are ``"float32"``), and a real error that small (a
+            scale off by 1e-4) would pass the same way, so pass ``torch.float64`` for a module
+            that computes in float64 throughout. When a bug explains the outputs only at
+            float32's tolerance, it is named, at that tolerance.
 
     Returns:
         an :class:`AuditReport`; ``str(report)`` says what to look for.
@@ -332,17 +335,17 @@ def _search(
     explanations: tuple[tuple[str, ...], ...] = ()
     if convention is None:
         explanations = m.explanations(yours, modes, pairs)
-    # a step in float32 inside a float64 module, or a real error as small: said, never passed
-    suspected, within32 = "", 0.0
+    # a step in float32 inside a float64 module (or a real error as small): passed at float32's
+    # tolerance, and the report says so
+    suspected, rtol64 = "", rtol
     if (convention is None and not explanations and given_rtol is None and compute_dtype is None
             and ref_dtype == out_dtype == torch.float64):
         m32 = m.with_rtol(tolerance(None, ref_dtype, out_dtype, reference, w64, probes, torch.float32))
-        if m32.convention(Recipe(), yours) is not None:  # within float32's rounding: undecided
-            suspected, within32 = "float32", m32.rtol
-        else:
+        convention = m32.convention(Recipe(), yours)
+        if convention is None:
             explanations = m32.explanations(yours, modes, pairs)
-            if explanations:  # a bug, named at float32's tolerance
-                m, rtol, suspected = m32, m32.rtol, "float32"
+        if convention is not None or explanations:  # within float32's rounding, or a bug named there
+            m, rtol, suspected = m32, m32.rtol, "float32"
     ok = convention is not None
     if convention is None:  # the errors under the convention that fits the most probes
         def misfit(c: str) -> tuple[int, float]:
@@ -365,8 +368,8 @@ def _search(
     if len(explanations) > 1:
         tie = tie_reason(frozenset(names), reference.num_heads, reference.d_k, reference.d_model)
     notes = []
-    if within32:
-        notes.append(float32_note(rtol, within32))
+    if suspected and ok:
+        notes.append(float32_note(rtol64, rtol))
     elif suspected:
         notes.append(
             f"a step of your module seems to run in float32: no bug explains its outputs at float64's rounding, "
@@ -394,7 +397,7 @@ def _search(
         hint="" if ok or explanations else hint_for(errors, rtol, causal=causal),
         untested=untested,
         padded_rows=padded_rows(m, yours) if ok and padding and not cross else None,
-        compute_dtype="" if compute_dtype is None else str(compute_dtype).removeprefix("torch."),
+        compute_dtype=suspected or ("" if compute_dtype is None else str(compute_dtype).removeprefix("torch.")),
         notes=tuple(notes),
         suspected_dtype=suspected,
     )
