@@ -493,9 +493,7 @@ def test_a_small_real_error_in_float64_passes_undeclared_and_the_report_says_so(
     declared = diagnose(module, ref, compute_dtype=torch.float32)
     assert declared.ok and declared.compute_dtype == "float32" and declared.suspected_dtype == ""
     assert "would pass the same way" not in str(declared)
-    right = diagnose(learner(ref), ref)  # a right module passes at float64's rounding, with no note
-    assert right.ok and right.suspected_dtype == "" and right.notes == () and right.rtol == pytest.approx(rtol64)
-    assert diagnose(learner(ref), ref, compute_dtype=torch.float64).ok
+    assert diagnose(learner(ref), ref, compute_dtype=torch.float64).ok  # a right module still passes
 
 
 def test_large_scores_hints_name_renormalisation_finite_fills_and_capping() -> None:

@@ -249,7 +249,6 @@ def test_float32_softmax_in_a_float64_module_is_not_a_bug(name: str) -> None:
     declared = diagnose(forward, ref, compute_dtype=torch.float32)
     assert declared.ok and declared.rtol == report.rtol and declared.compute_dtype == "float32"
     assert declared.suspected_dtype == "" and "would pass the same way" not in str(declared)
-    assert not diagnose(forward, ref, compute_dtype=torch.float64).ok  # declared float64: its float32 step shows
     assert not diagnose(forward, ref, rtol=1e-12).ok  # a tolerance given is kept
     inverted = diagnose(lambda x, m: layer(x, attention_mask=additive(None if m is None else ~m, x.dtype))[0], ref)
     assert inverted.bugs == ("mask_inverted",) and inverted.compute_dtype == inverted.suspected_dtype == "float32"
