@@ -481,8 +481,20 @@ def test_the_landing_page_quick_start_prints_what_the_page_shows(capsys: pytest.
     shown = part[part.index("```text\n") + 8:]
     shown = shown[: shown.index("```")]
     torch.manual_seed(0)
-    exec(compile(code, "intro.md", "exec"), {})
+    page_run: dict[str, object] = {}
+    exec(compile(code, "intro.md", "exec"), page_run)
     assert capsys.readouterr().out == shown
+    # the page's widths separate the two scaling bugs (h != d_k): the same module scaled by
+    # sqrt(d_model) gets one name, not "scale_by_d_model or double_scale"
+    reference = page_run["reference"]
+    assert isinstance(reference, MultiHeadAttention) and reference.num_heads != reference.d_k
+    scaled = "scores = q @ k.transpose(-2, -1) / (d // self.h) ** 0.5"
+    assert scaled in code
+    wrong: dict[str, object] = {}
+    exec(compile(code.replace(scaled, "scores = q @ k.transpose(-2, -1) / d ** 0.5"), "intro.md", "exec"), wrong)
+    capsys.readouterr()
+    report = diagnose(wrong["mine"], wrong["reference"])  # type: ignore[arg-type]
+    assert report.bugs == ("scale_by_d_model",), str(report)
 
 
 def test_features_no_reference_computes_are_refused_by_name() -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 INTRO = ROOT / "intro.md"
 
-# The bold label of each of the nine questions (Q1 to Q9), as the list writes it.
-NINE = ("Project once, then split?", "Shapes?", "Why two matrices?", "Key or value?",
+# The bold label of each of the nine questions (Q1 to Q9), as the list writes it. Q1's label asks
+# its first half; its answer also says that projecting once and splitting is the per-head projection.
+NINE = ("Q, K, V: one matrix or three?", "Shapes?", "Why two matrices?", "Key or value?",
         r"Why divide by $\sqrt{d_k}$?", "Why several heads?", "What is $W^O$ for?",
         "Self, cross or causal?", "FlashAttention?")
 
@@ -71,3 +72,23 @@ def test_the_list_fits_in_the_first_250_words_one_linked_sentence_each() -> None
 def test_the_word_count_reads_math_links_and_markup_as_a_reader_does() -> None:
     shown = words(r"**Shapes?** {ref}`Each head outputs <ch3-shapes>` $n \times d_v$, then {ref}`ch3-fused`.")
     assert shown == ["Shapes?", "Each", "head", "outputs", "n", r"\times", "d_v", "then", "section."]
+
+
+# The sections each answer links, as the cold readers asked: Q1 also proves Q = K = V = X, Q3
+# the per-row map, Q2 "loses nothing" and tied matrices (W^Q = W^K) as well as "cheaper".
+PROOFS = {"Q, K, V: one matrix or three?": {"ch2-input-itself", "ch3-fused"},
+          "Shapes?": {"ch2-per-position", "ch3-shapes"},
+          "Why two matrices?": {"ch4-cost", "ch4-nothing-lost", "ch2-qk-maps"},
+          r"Why divide by $\sqrt{d_k}$?": {"ch1-scale"}}
+
+
+def test_each_answer_links_the_sections_that_prove_it_and_they_exist() -> None:
+    items, _ = in_short()
+    linked = {label: set(re.findall(r"<([\w-]+)>`", answer)) for label, answer, _ in items}
+    for label, needed in PROOFS.items():
+        assert needed <= linked[label], f"{label}: links {linked[label]}, needs {needed}"
+    anchors = set()
+    for page in [*ROOT.glob("chapters/*.ipynb"), *ROOT.glob("*.md")]:
+        anchors |= set(re.findall(r"\(([\w-]+)\)=", page.read_text()))
+    missing = {a for links in linked.values() for a in links} - anchors
+    assert not missing, f"links to no section: {missing}"
