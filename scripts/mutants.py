@@ -88,9 +88,10 @@ NO_TESTS = {5, 33}
 # things in an error message (the argument's name, what was expected, what a size counts).
 MESSAGE_ARGS: dict[str, tuple[set[int], set[str]]] = {
     "check_tensor": ({0}, {"name"}),
+    "check_dtype": ({0}, {"name"}),
     "check_int": ({0, 2}, {"name", "expected"}),
     "check_positive_int": ({0}, {"name"}),
-    "check_width": ({1}, {"name"}),
+    "check_width": ({0}, {"name", "why"}),
     "check_index": ({0, 3}, {"name", "what"}),
     "check_mask": ({2}, {"name"}),
     "check_head_mask": ({2}, {"name"}),

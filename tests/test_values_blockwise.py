@@ -26,34 +26,40 @@ def _qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def test_rounding_bound_is_its_formula() -> None:
-    """out: eps (2 d_k S + 3 n_k) (P |V|); lse: eps (d_k S + 2 n_k + |lse|), S the largest
-    sum of |q_l k_l| times the scale, here (float32, scale 1/sqrt 2) S = 7/sqrt 2."""
+    """out: (eps (2 (d_k + 3) S + 4 n_k + 4) + 4 (d_k + 1) tiny max(1, scale)) (P |V|)
+    + 2 n_k tiny (3 max|V| + 2); lse: eps ((d_k + 3) S + 2 n_k + 1 + 2 ln n_k + |lse|), S the
+    largest sum of |q_l k_l| times the scale, here (float32, scale 1/sqrt 2) S = 7/sqrt 2."""
     q, k, v = _qkv()
-    eps = torch.finfo(torch.float32).eps
+    eps, tiny = torch.finfo(torch.float32).eps, torch.finfo(torch.float32).tiny
     out_b, lse_b = rounding_bound(q.float(), k.float(), v.float())
     sc = 1 / math.sqrt(2)
     big = 7 * sc  # |q_0| . |k_1| = 1 + 6
     s = (q @ k.T) * sc
     p = torch.softmax(s, -1)
-    assert torch.allclose(out_b, eps * (2 * 2 * big + 3 * 3) * (p @ v.abs()), rtol=1e-12, atol=0)
+    floor = 2 * 3 * tiny * (3 * 4 + 2)  # max|V| = 4
+    expected = (eps * (2 * 5 * big + 4 * 3 + 4) + 4 * 3 * tiny) * (p @ v.abs()) + floor
+    assert torch.allclose(out_b, expected, rtol=1e-12, atol=0)
     lse = torch.logsumexp(s, -1)
-    assert torch.allclose(lse_b, eps * (2 * big + 2 * 3 + lse.abs()), rtol=1e-12, atol=0)
+    assert torch.allclose(lse_b, eps * (5 * big + 2 * 3 + 1 + 2 * math.log(3) + lse.abs()), rtol=1e-12, atol=0)
     assert out_b.dtype == F64 and out_b.shape == (2, 2) and lse_b.shape == (2,)
 
 
 def test_rounding_bound_with_a_mask_and_a_scale() -> None:
     q, k, v = _qkv()
     mask = torch.tensor([[True, False, True], [False, False, False]])  # query 1 reads nothing
-    eps = torch.finfo(F64).eps
+    eps, tiny = torch.finfo(F64).eps, torch.finfo(F64).tiny
     out_b, lse_b = rounding_bound(q, k, v, mask=mask, scale=0.5)
-    big = 7 * 0.5
+    big = 7 * 0.5  # S ignores the mask: the largest sum over every pair
     s = (q @ k.T) * 0.5
     p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)[0]
-    assert torch.allclose(out_b[0], eps * (2 * 2 * big + 9) * (p @ v.abs()), rtol=1e-12, atol=0)
-    assert torch.equal(out_b[1], torch.zeros(2, dtype=F64))  # no weights, no bound beyond 0
+    floor = 2 * 3 * tiny * (3 * 4 + 2)
+    assert torch.allclose(out_b[0], (eps * (2 * 5 * big + 16) + 4 * 3 * tiny) * (p @ v.abs()) + floor,
+                          rtol=1e-12, atol=0)
+    assert torch.equal(out_b[1], torch.full((2,), floor, dtype=F64))  # no weights: the underflow floor only
     lse0 = torch.logsumexp(s[0, [0, 2]], -1)
-    assert torch.allclose(lse_b, torch.stack([eps * (2 * big + 6 + lse0.abs()),
-                                              torch.tensor(eps * (2 * big + 6), dtype=F64)]), rtol=1e-12, atol=0)
+    rest = 5 * big + 6 + 1 + 2 * math.log(3)
+    assert torch.allclose(lse_b, torch.stack([eps * (rest + lse0.abs()), torch.tensor(eps * rest, dtype=F64)]),
+                          rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match=r"q must have shape \(..., n_q, d_k\)"):
         rounding_bound(q[0], k, v)
 
@@ -62,20 +68,26 @@ def test_gradient_rounding_bound_is_its_formula() -> None:
     q, k, v = _qkv()
     d_out = torch.tensor([[1.0, 0.5], [-2.0, 1.0]], dtype=F64)
     d_lse = torch.tensor([0.25, -1.0], dtype=F64)
-    eps = torch.finfo(F64).eps
+    eps, tiny = torch.finfo(F64).eps, torch.finfo(F64).tiny
     sc = 1 / math.sqrt(2)
     big = 7 * sc
+    n_q, n_k, d_k, d_v = 2, 3, 2, 2
     p = torch.softmax((q @ k.T) * sc, -1)
-    w = eps * (2 * 2 * big + 3 * 3 + 2 * 2 + 3 + 2)
+    star = big + math.log(n_k)
+    rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
+    alpha = 2 * (d_k + 3) * big + 4 * n_k + 4
+    w = eps * (rho + d_v + max(alpha + d_v, rho + d_v + n_k) + 5 + max(n_k, n_q))
     for lse_grad in (None, d_lse):
         dq, dk, dv = gradient_rounding_bound(q, k, v, d_out, d_lse=lse_grad)
         d_terms = (d_out.abs() * (p @ v.abs())).sum(-1, keepdim=True)
         if lse_grad is not None:
             d_terms = d_terms + lse_grad.abs()[:, None]
-        ds = p * (d_out.abs() @ v.abs().T + d_terms) * sc
-        assert torch.allclose(dq, w * (ds @ k.abs()), rtol=1e-12, atol=0)
-        assert torch.allclose(dk, w * (ds.T @ q.abs()), rtol=1e-12, atol=0)
-        assert torch.allclose(dv, w * (p.T @ d_out.abs()), rtol=1e-12, atol=0)
+        x = d_out.abs() @ v.abs().T + d_terms
+        ds = p * x * sc
+        xs = float(x.max()) * sc + 2
+        assert torch.allclose(dq, w * (ds @ k.abs()) + 2 * n_k * tiny * (xs * 3 + 1), rtol=1e-12, atol=0)
+        assert torch.allclose(dk, w * (ds.T @ q.abs()) + 2 * n_q * tiny * (xs * 2 + 1), rtol=1e-12, atol=0)
+        assert torch.allclose(dv, w * (p.T @ d_out.abs()) + 2 * n_q * tiny * (2 + 1), rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match=r"d_out must have the output's shape \(2, 2\), got \(2, 3\)"):
         gradient_rounding_bound(q, k, v, torch.zeros(2, 3, dtype=F64))
     with pytest.raises(ValueError, match="q must have shape"):
@@ -85,10 +97,14 @@ def test_gradient_rounding_bound_is_its_formula() -> None:
 def test_intermediate_bytes() -> None:
     assert intermediate_bytes(4, 6, 3) == 2 * 4 * 6 * 4
     assert intermediate_bytes(4, 6, 3, batch=5, dtype=F64) == 5 * 2 * 4 * 6 * 8
-    # blockwise: 2 b_q b_k + b_q (2 + d_v) + n_q, with the blocks cut to n_q, n_k
-    assert intermediate_bytes(4, 6, 3, block_q=2, block_k=5) == (2 * 2 * 5 + 2 * 5 + 4) * 4
-    assert intermediate_bytes(4, 6, 3, block_q=9, block_k=9, batch=2) == 2 * (2 * 4 * 6 + 4 * 5 + 4) * 4
-    assert intermediate_bytes(4, 6, 3, block_q=1, block_k=1, dtype=torch.float16) == (2 + 5 + 4) * 2
+    # blockwise: b_q b_k + 2 b_q d_v + 5 b_q + n_q, with the blocks cut to n_q, n_k
+    assert intermediate_bytes(4, 6, 3, block_q=2, block_k=5) == (2 * 5 + 2 * 2 * 3 + 5 * 2 + 4) * 4
+    assert intermediate_bytes(4, 6, 3, block_q=9, block_k=9, batch=2) == 2 * (4 * 6 + 2 * 4 * 3 + 5 * 4 + 4) * 4
+    # float16: float32 numbers, plus the float32 copies of the query and value tiles (b_q d_k + b_k d_v)
+    assert intermediate_bytes(4, 6, 3, block_q=1, block_k=1, dtype=torch.float16) == (1 + 6 + 5 + 4 + 3 + 3) * 4
+    assert intermediate_bytes(4, 6, 3, block_q=1, block_k=2, dtype=torch.bfloat16, d_k=5) == \
+        (2 + 6 + 5 + 4 + 5 + 2 * 3) * 4
+    assert intermediate_bytes(4, 6, 3, block_q=1, block_k=2, d_k=5) == (2 + 6 + 5 + 4) * 4  # d_k: half only
     with pytest.raises(ValueError, match="give both block_q and block_k"):
         intermediate_bytes(4, 6, 3, block_q=2)
     with pytest.raises(ValueError, match="give both block_q and block_k"):

@@ -15,7 +15,6 @@ from attnlib.decoding.cache import (
     KVCache,
     LatentCache,
     check_cache_call,
-    itemsize,
     kv_cache_bytes_per_token,
     latent_cache_bytes_per_token,
 )
@@ -31,9 +30,11 @@ def test_bytes_per_token() -> None:
     assert kv_cache_bytes_per_token(1, 2, dtype=torch.bfloat16) == 1 * 4 * 2
     assert latent_cache_bytes_per_token(5, 3) == 8 * 4
     assert latent_cache_bytes_per_token(5, 0, torch.float16) == 5 * 2
-    assert itemsize(torch.float64) == 8 and itemsize(torch.int8) == 1
-    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str"):
-        itemsize("float32")  # type: ignore[arg-type]
+    assert kv_cache_bytes_per_token(1, 1, dtype=torch.int8) == 2 and latent_cache_bytes_per_token(1, 1, torch.int8) == 2
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str 'float32'"):
+        kv_cache_bytes_per_token(1, 2, dtype="float32")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str 'float32'"):
+        latent_cache_bytes_per_token(1, 2, "float32")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         kv_cache_bytes_per_token(0, 8)
     with pytest.raises(ValueError):

@@ -10,6 +10,7 @@ import torch
 
 from attnlib.checks import (
     check_attention_inputs,
+    check_dtype,
     check_head_mask,
     check_heads,
     check_index,
@@ -29,6 +30,12 @@ def test_format_shape_of_each_kind() -> None:
     assert format_shape(torch.zeros(())) == "()"
 
 
+def test_check_dtype() -> None:
+    assert check_dtype("dt", torch.float16) is torch.float16
+    with pytest.raises(TypeError, match="^dt must be a torch.dtype, got str 'float32'$"):
+        check_dtype("dt", "float32")
+
+
 def test_check_int_and_check_positive_int() -> None:
     assert check_int("n", 0) == 0 and check_int("n", -3) == -3
     for bad in (True, 1.0, "1", None):
@@ -42,20 +49,22 @@ def test_check_int_and_check_positive_int() -> None:
 
 
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [
-    ((1, "w"), {}, 1), ((6, "w"), {"even": True}, 6), ((0, "w"), {"zero_ok": True}, 0),
-    ((3, "w"), {"zero_ok": True}, 3), ((2, "w"), {"even": True, "zero_ok": True}, 2),
+    (("w", 1), {}, 1), (("w", 6), {"even": True}, 6), (("w", 0), {"zero_ok": True}, 0),
+    (("w", 3), {"zero_ok": True}, 3), (("w", 2), {"even": True, "zero_ok": True}, 2),
 ])
 def test_check_width_accepts(args: tuple, kwargs: dict, expected: int) -> None:
     assert check_width(*args, **kwargs) == expected
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
-    ((0, "w"), {}, ValueError, "w must be a positive int, got 0"),
-    ((-1, "w"), {"zero_ok": True}, ValueError, "w must be a non-negative int, got -1"),
-    ((3, "w"), {"even": True}, ValueError, r"w must be even for RoPE \(dimension j is paired with j \+ w/2\), got 3"),
-    ((False, "w"), {"zero_ok": True}, TypeError, "w must be a positive int, got bool False"),
-    ((0.0, "w"), {"zero_ok": True}, TypeError, "w must be a positive int, got float"),
-    ((2.0, "w"), {}, TypeError, "w must be a positive int"),
+    (("w", 0), {}, ValueError, "w must be a positive int, got 0"),
+    (("w", -1), {"zero_ok": True}, ValueError, "w must be a non-negative int, got -1"),
+    (("w", 3), {"even": True}, ValueError, "^w must be even, got 3$"),
+    (("w", 3), {"even": True, "why": "RoPE pairs j with j + w/2"}, ValueError,
+     r"^w must be even, got 3: RoPE pairs j with j \+ w/2$"),
+    (("w", False), {"zero_ok": True}, TypeError, "w must be a positive int, got bool False"),
+    (("w", 0.0), {"zero_ok": True}, TypeError, "w must be a positive int, got float"),
+    (("w", 2.0), {}, TypeError, "w must be a positive int"),
 ])
 def test_check_width_refuses(args: tuple, kwargs: dict, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
