@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from attnlib.decoding import apply_rope, rope_angles, rope_inv_freq, rope_rotation, rotate_half
+from attnlib.decoding.rope import rope_frequency_error
 
 F64 = torch.float64
 
@@ -47,3 +49,15 @@ def test_rope_rotation_exact() -> None:
     assert torch.allclose(rope_rotation(2, 4), expected, rtol=0, atol=1e-15)
     assert torch.equal(rope_rotation(0, 4), torch.eye(4, dtype=F64))
     assert rope_rotation(1, 4, dtype=torch.float32).dtype == torch.float32
+
+
+def test_rope_frequency_error_is_its_formula() -> None:
+    """gamma_k, k = t_l ln(base) + 3, t_l = 2l/d_k, u = eps/2: d_k = 4 has t = 0 and 1/2."""
+    for dtype in (torch.float32, F64):
+        u = torch.finfo(dtype).eps / 2
+        ks = [3.0, 0.5 * math.log(500.0) + 3]
+        got = rope_frequency_error(4, 500.0, dtype)
+        assert got.dtype == F64 and got.tolist() == pytest.approx([k * u / (1 - k * u) for k in ks], rel=1e-14)
+    assert rope_frequency_error(2).tolist() == [3 * 2.0**-53 / (1 - 3 * 2.0**-53)]
+    with pytest.raises(ValueError, match="d_k must be even, got 3"):
+        rope_frequency_error(3)

@@ -198,7 +198,7 @@ def rope_frequency_error(d_k: int, base: float = 10000.0, dtype: torch.dtype = t
     Returns:
         ``(d_k/2,)`` float64, the bound on :math:`|\hat\omega_\ell - \omega_\ell| / \omega_\ell`.
     """
-    check_width(d_k, "d_k", even=True)
+    check_width("d_k", d_k, even=True)
     log_base = math.log(check_rope_base(base))
     t = torch.arange(0, d_k, 2, dtype=torch.float64) / d_k  # (d_k/2,): t_l = 2l/d_k
     u = torch.finfo(dtype).eps / 2
