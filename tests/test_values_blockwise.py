@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnlib.attention import attention, causal_mask
-from attnlib.blockwise import blockwise_attention, split_k_attention, tile_counts
+from attnlib.blockwise import attend_block, blockwise_attention, split_k_attention, tile_counts
 from attnlib.blockwise_bounds import gradient_rounding_bound, intermediate_bytes, rounding_bound
 
 F64 = torch.float64
@@ -157,3 +157,31 @@ def test_every_tile_size_gives_attention(block: tuple[int, int], causal: bool) -
         merged, parts = split_k_attention(q, k, v, mask=mask, num_splits=splits, block_k=block[1])
         assert len(parts) == splits
         assert torch.allclose(merged, out, rtol=0, atol=1e-13)
+
+
+def test_attend_block_by_hand() -> None:
+    """One block of keys: out = sum_j e^(s_j - lse) v_j, lse = log sum_j e^(s_j), with the scale
+    given or 1/sqrt(d_k); batched queries (n_q = 3, d_k = 2, b = 4) keep one shift per row."""
+    q, k, v = _qkv()
+    part = attend_block(q, k, v, scale=0.5)
+    s = (q @ k.T) * 0.5
+    assert torch.allclose(part.lse, torch.logsumexp(s, -1), rtol=0, atol=1e-15)
+    assert torch.allclose(part.out, torch.softmax(s, -1) @ v, rtol=0, atol=1e-15)
+    g = torch.Generator().manual_seed(4)
+    qb, kb, vb = (torch.randn(2, n, 2, generator=g, dtype=F64) for n in (3, 4, 4))
+    pb = attend_block(qb, kb, vb)
+    sb = qb @ kb.mT / math.sqrt(2)
+    assert pb.out.shape == (2, 3, 2) and pb.lse.shape == (2, 3)
+    assert torch.allclose(pb.lse, torch.logsumexp(sb, -1), rtol=0, atol=1e-14)
+    assert torch.allclose(pb.out, torch.softmax(sb, -1) @ vb, rtol=0, atol=1e-14)
+
+
+def test_attend_block_shifts_each_row_by_its_own_maximum() -> None:
+    """Row 0 scores 0 and 0, row 1 scores 1000 and 2000: one shift for both rows (2000) would
+    send row 0's exponentials to 0 (out 0, lse -inf); each row's own keeps it exact."""
+    q = torch.tensor([[0.0, 0.0], [1000.0, 0.0]], dtype=F64)
+    k = torch.tensor([[1.0, 0.0], [2.0, 0.0]], dtype=F64)
+    v = torch.tensor([[1.0, 3.0], [5.0, 7.0]], dtype=F64)
+    part = attend_block(q, k, v, scale=1.0)
+    assert torch.allclose(part.out, torch.tensor([[3.0, 5.0], [5.0, 7.0]], dtype=F64), rtol=0, atol=1e-15)
+    assert torch.allclose(part.lse, torch.tensor([math.log(2), 2000.0], dtype=F64), rtol=1e-15, atol=0)
