@@ -61,3 +61,19 @@ def test_rope_frequency_error_is_its_formula() -> None:
     assert rope_frequency_error(2).tolist() == [3 * 2.0**-53 / (1 - 3 * 2.0**-53)]
     with pytest.raises(ValueError, match="d_k must be even, got 3"):
         rope_frequency_error(3)
+
+
+def test_apply_rope_on_a_batch_and_on_the_device_of_x() -> None:
+    """(B, n, d_k) rows, each turned by its own position (x @ R_p), the angles shared by the
+    two halves; positions given on the CPU are moved to x's device (meta: shapes only)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 4, generator=g, dtype=F64)
+    pos = torch.tensor([[0, 1, 2], [5, 7, 11]])
+    out = apply_rope(x, pos)
+    for b in range(2):
+        for i in range(3):
+            assert torch.allclose(out[b, i], x[b, i] @ rope_rotation(int(pos[b, i]), 4), rtol=0, atol=1e-15)
+    assert torch.allclose(apply_rope(x), torch.stack([x[:, i] @ rope_rotation(i, 4) for i in range(3)], 1),
+                          rtol=0, atol=1e-15)
+    on_meta = apply_rope(torch.empty(2, 3, 4, device="meta"), torch.arange(3))
+    assert on_meta.device.type == "meta" and on_meta.shape == (2, 3, 4)
