@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnlib.decoding import apply_rope, rope_angles, rope_inv_freq, rope_rotation, rotate_half
-from attnlib.decoding.rope import rope_frequency_error
+from attnlib.decoding.rope import rope_angle_error, rope_frequency_error, rope_merged_bound
 
 F64 = torch.float64
 
@@ -77,3 +77,34 @@ def test_apply_rope_on_a_batch_and_on_the_device_of_x() -> None:
                           rtol=0, atol=1e-15)
     on_meta = apply_rope(torch.empty(2, 3, 4, device="meta"), torch.arange(3))
     assert on_meta.device.type == "meta" and on_meta.shape == (2, 3, 4)
+
+
+def test_rope_angle_error_is_its_formula() -> None:
+    """|p| omega_l (rel_l + (1 + [|p| > 1/u]) u (1 + rel_l)), rel = rope_frequency_error: d_k = 4,
+    base 100 (omega = 1, 1/10), float32 (u = 2^-24); position 2^25 is past 1/u and rounds too."""
+    u = 2.0**-24
+    rel = rope_frequency_error(4, 100.0, torch.float32).tolist()
+    got = rope_angle_error(torch.tensor([0, -3, 2**25]), 4, 100.0, torch.float32)
+    assert got.dtype == F64 and got.shape == (3, 2)
+    for row, (p, extra) in zip(got.tolist(), ((0, 1), (3, 1), (2**25, 2))):
+        assert row == pytest.approx([p * w * (r + extra * u * (1 + r)) for w, r in zip((1.0, 0.1), rel)], rel=1e-14)
+
+
+def test_rope_merged_bound_is_its_formula() -> None:
+    """d_model = 1, d_k = 2 (one pair), query at 0, key at 3: |W^Q| (gamma_6 |R_0||R_3|^T + E_0 |R_3|^T
+    + |R_0| E_3^T + E_0 E_3^T) |W^K|^T, E_p = rho_p on the pair's four entries, rho_p the angle's
+    error + eps; with W^Q = 0 only the underflow term is left, eta (2 1 |R_3|^T |W^K|^T + 2 1 |W^K|^T + 2 d_k)."""
+    u, eps, eta = 2.0**-53, 2.0**-52, 2.0**-52 * 2.0**-1022
+    c, s = abs(math.cos(3)), abs(math.sin(3))
+    rho0 = eps
+    rho3 = float(rope_angle_error(torch.tensor([3.0]), 2)[0, 0]) + eps
+    g6 = 6 * u / (1 - 6 * u)
+    r3 = [[c, s], [s, c]]  # |R_3|, symmetric
+    core = [[g6 * r3[a][b] + rho0 * (c + s) + rho3 + rho0 * rho3 * 2 for b in range(2)] for a in range(2)]
+    wq, wk = [1.0, -2.0], [0.5, 3.0]
+    expected = sum(abs(wq[a]) * core[a][b] * abs(wk[b]) for a in range(2) for b in range(2))
+    got = rope_merged_bound(torch.tensor([wq], dtype=F64), torch.tensor([wk], dtype=F64), 0, 3)
+    assert got.shape == (1, 1) and float(got) == pytest.approx(expected, rel=1e-13)
+    under = eta * (2 * sum(r3[a][b] * abs(wk[b]) for a in range(2) for b in range(2)) + 2 * 3.5 + 4)
+    zero = rope_merged_bound(torch.zeros(1, 2, dtype=F64), torch.tensor([wk], dtype=F64), 0, 3)
+    assert float(zero) == pytest.approx(under, rel=0, abs=1.01 * eta)
