@@ -108,3 +108,19 @@ def test_rope_merged_bound_is_its_formula() -> None:
     under = eta * (2 * sum(r3[a][b] * abs(wk[b]) for a in range(2) for b in range(2)) + 2 * 3.5 + 4)
     zero = rope_merged_bound(torch.zeros(1, 2, dtype=F64), torch.tensor([wk], dtype=F64), 0, 3)
     assert float(zero) == pytest.approx(under, rel=0, abs=1.01 * eta)
+
+
+def test_rope_merged_bound_default_base_and_refusals() -> None:
+    w = torch.eye(4, dtype=F64)[:3]  # (d_model = 3, d_k = 4): the second pair turns by base^(-1/2)
+    assert torch.equal(rope_merged_bound(w, w, 0, 3), rope_merged_bound(w, w, 0, 3, 10000.0))
+    assert not torch.equal(rope_merged_bound(w, w, 0, 3), rope_merged_bound(w, w, 0, 3, 10001.0))
+    with pytest.raises(TypeError, match="^w_q must be a torch.Tensor"):
+        rope_merged_bound(None, w, 0, 3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="^w_k must be a torch.Tensor"):
+        rope_merged_bound(w, None, 0, 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^w_q must be a float64 matrix \(d_model, d_k\), got \(3, 4\) of torch.float32$"):
+        rope_merged_bound(w.float(), w, 0, 3)
+    with pytest.raises(ValueError, match=r"^w_k must be a float64 matrix \(d_model, d_k\), got \(4,\) of torch.float64$"):
+        rope_merged_bound(w, w[0], 0, 3)
+    with pytest.raises(ValueError, match=r"^w_q and w_k must have the same d_k, got \(3, 4\) and \(3, 2\)$"):
+        rope_merged_bound(w, w[:, :2], 0, 3)
