@@ -73,6 +73,10 @@ def test_a_view_is_cached_as_a_compact_copy() -> None:
     keys, values = KVCache().update(nn.Linear(1, 1), k, v)
     assert keys.is_contiguous() and values.is_contiguous()
     assert torch.equal(keys, k) and torch.equal(values, v)
+    # a dense view in another order (a transpose) is made contiguous too, not copied stride for stride
+    t = _kv(1, 2, 8, 3).transpose(-1, -2)  # (1, 2, 3, 8), strides of (1, 2, 8, 3)
+    keys, values = KVCache().update(nn.Linear(1, 1), t, t)
+    assert keys.is_contiguous() and values.is_contiguous() and torch.equal(keys, t)
 
 
 def test_kv_cache_refusals() -> None:
