@@ -71,3 +71,22 @@ def test_cached_decoding_is_the_causal_pass(rope: bool) -> None:
             steps.append(m(xt, xt, xt, cache=cache)[0])
     assert torch.allclose(torch.cat(steps, 1), ref, rtol=0, atol=1e-13)
     assert len(cache) == 5 and cache.keys.shape == (1, 2, 5, 2)
+
+
+def test_repr_names_the_groups_and_rope() -> None:
+    assert repr(DecoderAttention(8, 4, dtype=F64)) == "DecoderAttention(d_model=8, num_heads=4, d_k=2, bias=True)"
+    assert repr(_layer(True)) == ("DecoderAttention(d_model=8, num_heads=4, d_k=2, bias=True, num_kv_heads=2, "
+                                  "rope_base=100)")
+    assert repr(DecoderAttention(8, 4, rope_base=10000.0)).endswith("bias=True, rope_base=10000)")
+
+
+def test_rebuilt_from_its_grouped_projections_on_their_device() -> None:
+    m = _layer(True)
+    for rebuild in (DecoderAttention.from_grouped_projections, DecoderAttention.from_grouped_weights):
+        again = rebuild(m.grouped_projections())
+        assert (again.num_kv_heads, again.rope_base) == (2, 100.0)
+        for (name, p), q in zip(m.named_parameters(), again.parameters()):
+            assert torch.equal(p, q), name
+    meta = DecoderAttention(8, 4, num_kv_heads=2, device="meta")
+    again = DecoderAttention.from_grouped_projections(meta.grouped_projections())
+    assert {p.device.type for p in again.parameters()} == {"meta"}
