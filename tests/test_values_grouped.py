@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnlib.attention import attention, causal_mask
-from attnlib.decoding import DecoderAttention, KVCache, apply_rope
+from attnlib.decoding import DecoderAttention, GroupedAttentionWeights, KVCache, apply_rope
 
 F64 = torch.float64
 
@@ -90,3 +90,48 @@ def test_rebuilt_from_its_grouped_projections_on_their_device() -> None:
     meta = DecoderAttention(8, 4, num_kv_heads=2, device="meta")
     again = DecoderAttention.from_grouped_projections(meta.grouped_projections())
     assert {p.device.type for p in again.parameters()} == {"meta"}
+
+
+def _grouped_args(**change: object) -> dict:
+    """A valid GroupedAttentionWeights: d_model 4, h 2, g 1, d_k 2, with biases; ``change`` replaces some."""
+    z = torch.zeros
+    args: dict = dict(w_q=z(4, 4), w_k=z(4, 2), w_v=z(4, 2), w_o=z(4, 4), num_heads=2, num_kv_heads=1,
+                      b_q=z(4), b_k=z(2), b_v=z(2), b_o=z(4))
+    return args | change
+
+
+GROUPED_REFUSALS = {
+    "num_heads 0": ({"num_heads": 0}, ValueError, "^num_heads must be a positive int, got 0$"),
+    "g not dividing h": ({"num_kv_heads": 3}, ValueError, r"^num_kv_heads \(3\) must divide num_heads \(2\)$"),
+    "w_k None": ({"w_k": None}, TypeError, "^w_k must be a torch.Tensor, got NoneType$"),
+    "b_q a str": ({"b_q": "x"}, TypeError, "^b_q must be a torch.Tensor, got str$"),
+    "w_q 1-D": ({"w_q": torch.zeros(4)}, ValueError,
+                r"^w_q must have shape \(d_model, h\*d_k\) with num_heads=2 heads, got \(4,\)$"),
+    "w_q odd columns": ({"w_q": torch.zeros(4, 3)}, ValueError, r"with num_heads=2 heads, got \(4, 3\)$"),
+    "w_q no columns": ({"w_q": torch.zeros(4, 0)}, ValueError, r"with num_heads=2 heads, got \(4, 0\)$"),
+    "w_k wide": ({"w_k": torch.zeros(4, 4)}, ValueError,
+                 r"^w_k must have shape \(4, 2\) for d_model=4, num_heads=2, num_kv_heads=1, d_k=2, got \(4, 4\)$"),
+    "b_q short": ({"b_q": torch.zeros(2)}, ValueError, r"^b_q must have shape \(4,\) for d_model=4.*got \(2,\)$"),
+    "b_k wrong, b_q none": ({"b_q": None, "b_k": torch.zeros(3)}, ValueError, r"^b_k must have shape \(2,\)"),
+    "some biases": ({"b_q": None}, ValueError, "^biases must be given for all four projections or for none$"),
+    "rope_base 1": ({"rope_base": 1.0}, ValueError, r"^rope_base \(RoPE's theta\) must be > 1, got 1.0$"),
+}
+
+
+@pytest.mark.parametrize("case", GROUPED_REFUSALS)
+def test_grouped_weights_refusals(case: str) -> None:
+    change, error, match = GROUPED_REFUSALS[case]
+    with pytest.raises(error, match=match):
+        GroupedAttentionWeights(**_grouped_args(**change))
+    w = GroupedAttentionWeights(**_grouped_args(rope_base=10.0))
+    assert (w.d_model, w.d_k, w.bias, w.rope_base) == (4, 2, True, 10.0)
+
+
+def test_a_cache_call_needs_one_tensor_for_query_key_and_value() -> None:
+    m = _layer(False)
+    x = torch.zeros(1, 2, 8, dtype=F64)
+    for args in ((x, x.tolist(), x), (x.tolist(), x.tolist(), x.tolist()), (x, x.clone(), x)):
+        with pytest.raises(ValueError, match="^a call with a cache is self-attention over the new tokens"):
+            m(*args, cache=KVCache())
+    out, _ = m(x[:, :1], x[:, :1], x[:, :1], cache=KVCache())  # x[:, :1] taken three times: one tensor
+    assert out.shape == (1, 1, 8)
