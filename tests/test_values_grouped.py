@@ -135,3 +135,24 @@ def test_a_cache_call_needs_one_tensor_for_query_key_and_value() -> None:
             m(*args, cache=KVCache())
     out, _ = m(x[:, :1], x[:, :1], x[:, :1], cache=KVCache())  # x[:, :1] taken three times: one tensor
     assert out.shape == (1, 1, 8)
+
+
+def test_cached_decoding_on_the_meta_device() -> None:
+    """Every tensor made inside the call (positions, the causal mask) is made on the inputs'
+    device: on meta, a prefill and a step run through and give the shapes only."""
+    m = DecoderAttention(8, 4, num_kv_heads=2, rope_base=100.0, device="meta")
+    cache = KVCache()
+    for n, n_k in ((3, 3), (1, 4)):
+        x = torch.empty(1, n, 8, device="meta")
+        out, w = m(x, x, x, cache=cache)
+        assert out.device.type == "meta" and out.shape == (1, n, 8) and w is not None and w.shape == (1, 4, n, n_k)
+    assert len(cache) == 4
+
+
+def test_a_mask_is_checked_before_the_groups() -> None:
+    m = _layer(True)
+    x = torch.zeros(1, 3, 8, dtype=F64)
+    with pytest.raises(ValueError, match=r"^mask of shape \(1, 3, 3\) is 3-D, which is ambiguous"):
+        m(x, x, x, mask=torch.ones(1, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^mask of shape \(3, 2\) does not broadcast to the scores' shape \(1, 4, 3, 3\)$"):
+        m(x, x, x, mask=torch.ones(3, 2, dtype=torch.bool))
