@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlib import AttentionWeights
 from attnlib.decoding import alibi_bias, alibi_slopes
-from attnlib.decoding.positions import score_terms_bound
+from attnlib.decoding.positions import AlibiAttention, AlibiWeights, score_terms, score_terms_bound
 
 
 def test_alibi_slopes_exact() -> None:
@@ -55,3 +56,69 @@ def test_score_terms_bound_is_its_formula() -> None:
     assert score_terms_bound(zero, zero, x_k, e_k, w_q, w_k)[0].tolist() == [eta * (6 * 7 + 9), eta * (6 * 4 + 9)]
     f32 = [t.float() for t in (zero, zero, x_k, e_k, w_q, w_k)]
     assert score_terms_bound(*f32)[0].tolist() == [2.0**-149 * 51, 2.0**-149 * 33]
+    # behind a batch axis: the sums stay per key
+    batched = score_terms_bound(zero[None], zero[None], x_k[None], e_k[None], w_q, w_k)
+    assert batched.shape == (1, 1, 2) and batched[0, 0].tolist() == [eta * 51, eta * 33]
+    # d_k = 2: A_j = (7, 1) and (4, 1), eta (6 |A_j|_1 + 12 + 3)
+    w2 = torch.tensor([[3.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    assert score_terms_bound(zero, zero, x_k, e_k, w2, w2)[0].tolist() == [eta * (6 * 8 + 15), eta * (6 * 5 + 15)]
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_score_terms_names_the_argument_that_is_not_a_tensor(i: int) -> None:
+    names = ["x_q", "e_q", "x_k", "e_k", "w_q", "w_k"]
+    args: list = [torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3),
+                  torch.zeros(3, 2), torch.zeros(3, 2)]
+    args[i] = [0.0]
+    with pytest.raises(TypeError, match=f"^{names[i]} must be a torch.Tensor, got list$"):
+        score_terms(*args)
+    if i in (1, 3):  # e_q, e_k: of another shape than x_q, x_k
+        args[i] = torch.zeros(1, 3)
+        with pytest.raises(ValueError, match=rf"^{names[i - 1]} and {names[i]} must have one shape, got \(2, 3\) and \(1, 3\)$"):
+            score_terms(*args)
+
+
+def _alibi(dtype: torch.dtype = torch.float64, device: str | None = None) -> AlibiAttention:
+    torch.manual_seed(0)
+    return AlibiAttention(4, 2, dtype=dtype, device=device)
+
+
+def test_alibi_attention_keeps_the_dtype_and_device_of_its_inputs() -> None:
+    m = _alibi(torch.float32)
+    x = torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out, w = m(x, x, x)
+        fused, _ = m(x, x, x, need_weights=False)
+    assert out.dtype == w.dtype == fused.dtype == torch.float32
+    assert torch.allclose(fused, out, rtol=0, atol=1e-6)
+    meta = _alibi(device="meta")
+    y = torch.empty(1, 3, 4, device="meta")
+    for need in (True, False):
+        assert meta(y, y, y, need_weights=need)[0].device.type == "meta"
+
+
+def test_alibi_attention_cross_attention_offsets() -> None:
+    """Two queries after five keys: the queries sit at positions 3 and 4 (the last n_q of n_k),
+    so head 0 (slope 1/16) adds -(p - j)/16 to each scaled score."""
+    m = _alibi()
+    g = torch.Generator().manual_seed(2)
+    q, kv = torch.randn(1, 2, 4, generator=g, dtype=torch.float64), torch.randn(1, 5, 4, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        _, w = m(q, kv, kv)
+        qh = (q @ m.w_q + m.b_q).view(1, 2, 2, 2).transpose(1, 2)
+        kh = (kv @ m.w_k + m.b_k).view(1, 5, 2, 2).transpose(1, 2)
+    scores = qh @ kh.mT / 2**0.5 + alibi_bias(2, 2, 5)
+    assert torch.allclose(w, torch.softmax(scores, -1), rtol=0, atol=1e-14)
+
+
+def test_alibi_records_and_repr() -> None:
+    m = _alibi()
+    assert repr(m) == "AlibiAttention(d_model=4, num_heads=2, d_k=2, bias=True, alibi=True)"
+    rec = m.projections()
+    assert isinstance(rec, AlibiWeights)
+    plain = rec.without_alibi()
+    assert type(plain) is AttentionWeights and torch.equal(plain.w_q, m.w_q)
+    for weights in (rec, plain):
+        again = AlibiAttention.from_projections(weights, 2)
+        for p, q in zip(m.parameters(), again.parameters()):
+            assert torch.equal(p, q)
