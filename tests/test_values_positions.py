@@ -114,6 +114,9 @@ def test_alibi_attention_cross_attention_offsets() -> None:
 def test_alibi_records_and_repr() -> None:
     m = _alibi()
     assert repr(m) == "AlibiAttention(d_model=4, num_heads=2, d_k=2, bias=True, alibi=True)"
+    assert {p.dtype for p in m.parameters()} == {torch.float64}
+    plain_layer = AlibiAttention(4, 2, bias=False)
+    assert not plain_layer.bias and plain_layer.b_q is None and len(list(plain_layer.parameters())) == 4
     rec = m.projections()
     assert isinstance(rec, AlibiWeights)
     plain = rec.without_alibi()
