@@ -84,16 +84,19 @@ TIMEOUT = {36, 24, -24, 152, 255}
 SURVIVED = {0}
 NO_TESTS = {5, 33}
 
-# attnlib.checks' helpers: the positions and keywords of the arguments that only name
-# things in an error message (the argument's name, what was expected, what a size counts).
+# attnlib.checks' helpers (and plain_view): the positions and keywords of the arguments that
+# only name things in an error message (the argument's name, what was expected, what a size counts).
 MESSAGE_ARGS: dict[str, tuple[set[int], set[str]]] = {
     "check_tensor": ({0}, {"name"}),
+    "check_dtype": ({0}, {"name"}),
     "check_int": ({0, 2}, {"name", "expected"}),
     "check_positive_int": ({0}, {"name"}),
-    "check_width": ({1}, {"name"}),
+    "check_width": ({0}, {"name", "why"}),
     "check_index": ({0, 3}, {"name", "what"}),
     "check_mask": ({2}, {"name"}),
     "check_head_mask": ({2}, {"name"}),
+    # attnlib.multihead.plain_view(module, name, user): name and user only appear in its messages
+    "plain_view": ({1, 2}, {"name", "user"}),
 }
 EQUIVALENTS_FILE = ROOT / "CONTRIBUTING.md"
 EQUIVALENT_LINE = re.compile(r"^- `(?P<path>attnlib/[\w/]+\.py)` `(?P<func>[\w.]+)`: "

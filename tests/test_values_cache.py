@@ -30,10 +30,11 @@ def test_bytes_per_token() -> None:
     assert kv_cache_bytes_per_token(1, 2, dtype=torch.bfloat16) == 1 * 4 * 2
     assert latent_cache_bytes_per_token(5, 3) == 8 * 4
     assert latent_cache_bytes_per_token(5, 0, torch.float16) == 5 * 2
-    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
-        kv_cache_bytes_per_token(4, 8, dtype="float32")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
-        latent_cache_bytes_per_token(4, 2, "float32")  # type: ignore[arg-type]
+    assert kv_cache_bytes_per_token(1, 1, dtype=torch.int8) == 2 and latent_cache_bytes_per_token(1, 1, torch.int8) == 2
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str 'float32'"):
+        kv_cache_bytes_per_token(1, 2, dtype="float32")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, got str 'float32'"):
+        latent_cache_bytes_per_token(1, 2, "float32")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         kv_cache_bytes_per_token(0, 8)
     with pytest.raises(ValueError):
@@ -72,6 +73,10 @@ def test_a_view_is_cached_as_a_compact_copy() -> None:
     keys, values = KVCache().update(nn.Linear(1, 1), k, v)
     assert keys.is_contiguous() and values.is_contiguous()
     assert torch.equal(keys, k) and torch.equal(values, v)
+    # a dense view in another order (a transpose) is made contiguous too, not copied stride for stride
+    t = _kv(1, 2, 8, 3).transpose(-1, -2)  # (1, 2, 3, 8), strides of (1, 2, 8, 3)
+    keys, values = KVCache().update(nn.Linear(1, 1), t, t)
+    assert keys.is_contiguous() and values.is_contiguous() and torch.equal(keys, t)
 
 
 def test_kv_cache_refusals() -> None:

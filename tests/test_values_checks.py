@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from attnlib.checks import (
     broadcast_shape,
     check_attention_inputs,
+    check_dtype,
     check_head_mask,
     check_heads,
     check_index,
@@ -30,6 +31,12 @@ def test_format_shape_of_each_kind() -> None:
     assert format_shape((7,)) == "(7,)"
     assert format_shape(torch.Size([1, 0])) == "(1, 0)"
     assert format_shape(torch.zeros(())) == "()"
+
+
+def test_check_dtype() -> None:
+    assert check_dtype("dt", torch.float16) is torch.float16
+    with pytest.raises(TypeError, match="^dt must be a torch.dtype, got str 'float32'$"):
+        check_dtype("dt", "float32")
 
 
 def test_check_int_and_check_positive_int() -> None:
@@ -55,8 +62,9 @@ def test_check_width_accepts(args: tuple, kwargs: dict, expected: int) -> None:
 @pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
     (("w", 0), {}, ValueError, "w must be a positive int, got 0"),
     (("w", -1), {"zero_ok": True}, ValueError, "w must be a non-negative int, got -1"),
-    (("w", 3), {"even": True}, ValueError, "w must be even, got 3$"),
-    (("w", 3), {"even": True, "why": "pairs"}, ValueError, "w must be even, got 3: pairs"),
+    (("w", 3), {"even": True}, ValueError, "^w must be even, got 3$"),
+    (("w", 3), {"even": True, "why": "RoPE pairs j with j + w/2"}, ValueError,
+     r"^w must be even, got 3: RoPE pairs j with j \+ w/2$"),
     (("w", False), {"zero_ok": True}, TypeError, "w must be a positive int, got bool False"),
     (("w", 0.0), {"zero_ok": True}, TypeError, "w must be a positive int, got float"),
     (("w", 2.0), {}, TypeError, "w must be a positive int"),

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnlib import MultiHeadAttention
+from attnlib.multihead import plain_view
 from attnlib.attention import attention
 
 F64 = torch.float64
@@ -97,3 +98,46 @@ def test_initialisation_bounds() -> None:
         assert w.abs().max() <= bound and w.abs().max() > bound / 2
     for b in (m.b_q, m.b_k, m.b_v, m.b_o):
         assert torch.equal(b, torch.zeros(8))
+
+
+def test_every_parameter_is_made_on_the_device_asked_for() -> None:
+    """The meta device (no memory, no numbers) shows where each parameter was made; so does a
+    layer rebuilt from the projections of one there."""
+    m = MultiHeadAttention(4, 2, device="meta")
+    assert {p.device.type for p in m.parameters()} == {"meta"} and len(list(m.parameters())) == 8
+    again = MultiHeadAttention.from_projections(m.projections(), 2)
+    assert {p.device.type for p in again.parameters()} == {"meta"}
+
+
+def test_a_key_mask_of_one_axis_on_the_fused_path() -> None:
+    """need_weights=False hands SDPA the (n_k,) mask as (1, n_k): key 1 is never read."""
+    m = _layer()
+    g = torch.Generator().manual_seed(2)
+    q, kv = torch.randn(1, 2, 6, generator=g, dtype=F64), torch.randn(1, 3, 6, generator=g, dtype=F64)
+    keep = torch.tensor([True, False, True])
+    with torch.no_grad():
+        out, none = m(q, kv, kv, mask=keep, need_weights=False)
+        ref, _ = _loop(m, q, kv, kv, keep)
+    assert none is None
+    assert torch.allclose(out, ref, rtol=0, atol=1e-13)
+
+
+def test_to_torch_is_batch_first() -> None:
+    m = _layer()
+    t = m.to_torch()
+    assert t.batch_first
+    x = torch.randn(2, 3, 6, dtype=F64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.allclose(t(x, x, x, need_weights=False)[0], m(x, x, x)[0], rtol=0, atol=1e-13)
+
+
+class _RefusesByValue(MultiHeadAttention):
+    def as_plain(self) -> MultiHeadAttention:
+        raise ValueError("no plain view at this base")
+
+
+def test_plain_view_refuses_what_has_no_as_plain_and_keeps_the_error_type() -> None:
+    with pytest.raises(TypeError, match="^m must be an attnlib.MultiHeadAttention, got object$"):
+        plain_view(object(), "m", "a tool")
+    with pytest.raises(ValueError, match="^a tool: no plain view at this base$"):
+        plain_view(_RefusesByValue(4, 2), "m", "a tool")

@@ -37,15 +37,14 @@ def test_empty_tensors_agree_with_size_one() -> None:
     assert assert_rounding_close(empty, empty, 3) == rounding_tolerance(torch.float32, 3) == 3 * EPS32
 
 
-def test_the_gap_is_taken_exactly_in_float64() -> None:
-    """A float64 ``actual`` against a float32 ``expected``: the gap is taken in float64, not
-    after rounding ``actual`` to float32. 1.5 ulps above 1.5 is a tie that float32 would round
-    up to 2 ulps (beyond the bound of eps32 x 1.5 = 1.5 ulps); taken exactly it is 1.5 ulps
-    and passes, and a hair more fails."""
+def test_the_gap_is_taken_in_float64() -> None:
+    """A float64 ``actual`` against a float32 ``expected`` is compared in float64, not rounded
+    to float32 first: 1.5 ulps above 1.5 (a tie that float32 would round up to 2 ulps) sits
+    exactly on the bound eps32 x 1.5 and passes; a hair more fails."""
     ulp = 2.0**-23  # of numbers in [1, 2) in float32
     expected = torch.tensor([1.5], dtype=torch.float32)
     actual = torch.tensor([1.5 + 1.5 * ulp], dtype=torch.float64)
-    assert float(actual.float()) == 1.5 + 2 * ulp  # rounded, the tie would go to 2 ulps
+    assert float(actual.float()) == 1.5 + 2 * ulp  # float32 would have rounded the tie up
     assert assert_rounding_close(actual, expected, 1) == 1.5 * EPS32
     with pytest.raises(AssertionError):
         assert_rounding_close(actual + 2.0**-40, expected, 1)

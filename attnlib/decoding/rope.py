@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from attnlib.checks import broadcast_shape, check_tensor, check_width, format_shape
+from attnlib.checks import check_tensor, check_width, format_shape
 
 __all__ = ["rope_inv_freq", "rope_angles", "rotate_half", "apply_rope", "rope_rotation",
            "check_rope_base", "angle_dtype", "rope_frequency_error", "rope_angle_error", "rope_merged_bound"]
@@ -127,7 +127,7 @@ def apply_rope(x: Tensor, positions: Tensor | None = None, base: float = 10000.0
         raise TypeError(f"positions must be a torch.Tensor or None, got {type(positions).__name__}")
     else:
         try:
-            ok = broadcast_shape(positions.shape, x.shape[:-1]) == x.shape[:-1]
+            ok = torch.broadcast_shapes(positions.shape, x.shape[:-1]) == x.shape[:-1]
         except RuntimeError:
             ok = False
         if not ok:
@@ -198,7 +198,7 @@ def rope_frequency_error(d_k: int, base: float = 10000.0, dtype: torch.dtype = t
     Returns:
         ``(d_k/2,)`` float64, the bound on :math:`|\hat\omega_\ell - \omega_\ell| / \omega_\ell`.
     """
-    check_width("d_k", d_k, even=True, why="RoPE pairs dimension l with l + d_k/2")
+    check_width("d_k", d_k, even=True)
     log_base = math.log(check_rope_base(base))
     t = torch.arange(0, d_k, 2, dtype=torch.float64) / d_k  # (d_k/2,): t_l = 2l/d_k
     u = torch.finfo(dtype).eps / 2
