@@ -330,4 +330,12 @@ def test_hunt_llama_float32_softmax_and_rope(heads: tuple[int, int, int], n: int
     widths = float32_attention_widths(scores, q, k, pos, base)
     out_size = (w @ v.abs()).transpose(1, 2).reshape(1, n, d) @ ours.w_o.abs()
     assert_rounding_close(w, hf_w, *widths, dtype=F32, size=w)
-    assert_rounding_close(out, hf_out, *widths, 1, dtype=F32, size=out_size)
+    # the outputs: the weights' float32 error carried through V and W^O, plus float64's own
+    # rounding of x W^V, A V and W^O, sized by their terms (|x| |W^V| where x W^V cancels:
+    # a constant x with aligned rows of W^V gives |V| far below its terms)
+    v_terms = (x.abs() @ ours.w_v.abs()).view(1, n, g, d_k).transpose(1, 2).repeat_interleave(h // g, 1)
+    terms = (w @ v_terms).transpose(1, 2).reshape(1, n, d) @ ours.w_o.abs()
+    bound = (rounding_tolerance(F32, *widths, 1) * out_size
+             + rounding_tolerance(torch.float64, d, n, h * d_k, 2) * terms)
+    gap = (out - hf_out).abs()
+    assert (gap <= bound).all(), f"outputs differ by {float((gap - bound).amax()):.3g} beyond the bound"
