@@ -84,9 +84,10 @@ def test_rope_angle_error_is_its_formula() -> None:
     base 100 (omega = 1, 1/10), float32 (u = 2^-24); position 2^25 is past 1/u and rounds too."""
     u = 2.0**-24
     rel = rope_frequency_error(4, 100.0, torch.float32).tolist()
-    got = rope_angle_error(torch.tensor([0, -3, 2**25]), 4, 100.0, torch.float32)
-    assert got.dtype == F64 and got.shape == (3, 2)
-    for row, (p, extra) in zip(got.tolist(), ((0, 1), (3, 1), (2**25, 2))):
+    got = rope_angle_error(torch.tensor([0, -3, 2**24, 2**25]), 4, 100.0, torch.float32)
+    assert got.dtype == F64 and got.shape == (4, 2)
+    # 2^24 = 1/u is still exact in float32; 2^25 is past it
+    for row, (p, extra) in zip(got.tolist(), ((0, 1), (3, 1), (2**24, 1), (2**25, 2))):
         assert row == pytest.approx([p * w * (r + extra * u * (1 + r)) for w, r in zip((1.0, 0.1), rel)], rel=1e-14, abs=0)
 
 
