@@ -25,9 +25,11 @@ def test_products_from_either_side() -> None:
     full = torch.tensor([[1.0, 2.0], [1.0, 2.0]], dtype=F64)
     assert torch.equal(fm.full(), full)
     x = torch.tensor([[1.0, -1.0, 3.0], [2.0, 0.0, 1.0]], dtype=F64)  # (n = 2, k = 3)
-    assert torch.equal(fm @ x, full @ x)  # a plain matrix on the right
+    right = fm @ x  # a plain matrix on the right
+    assert isinstance(right, torch.Tensor) and torch.equal(right, full @ x)
     batch = torch.arange(12, dtype=F64).reshape(2, 2, 3)  # (2, n, 3)
-    assert torch.equal(fm @ batch, full @ batch)
+    right = fm @ batch
+    assert isinstance(right, torch.Tensor) and torch.equal(right, full @ batch)
     v = torch.tensor([3.0, -1.0], dtype=F64)  # (m,): a vector on the left
     assert torch.equal(v @ fm, torch.tensor([2.0, 4.0], dtype=F64))
     rows = torch.arange(6, dtype=F64).reshape(3, 1, 2)  # (3, k = 1, m = 2): a batch on the left
