@@ -63,7 +63,7 @@ MODULES: dict[str, list[str]] = {
     "attention": ["tests/test_attention.py", "tests/test_values_attention.py"],
     "multihead": ["tests/test_multihead.py", "tests/test_interop_torch.py", "tests/test_values_multihead.py"],
     "interop/torch_mha": ["tests/test_interop_torch.py"],
-    "lowrank/factored": ["tests/test_lowrank.py"],
+    "lowrank/factored": ["tests/test_lowrank.py", "tests/test_values_factored.py"],
     "interop/layouts": ["tests/test_interop_layouts.py", "tests/test_interop_readers.py",
                         "tests/test_values_layouts.py"],
     "decoding/cache": ["tests/test_decoding.py", "tests/test_values_cache.py"],

@@ -58,19 +58,19 @@ def test_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> None:
     big, d_k, n_k = 3 / math.sqrt(2), 2, 3
     pv = p[0] + 2 * p[1] + 3 * p[2]
     expected = (eps * (2 * (d_k + 3) * big + 4 * n_k + 4) + 4 * (d_k + 1) * tiny) * pv + 2 * n_k * tiny * (3 * 3 + 2)
-    assert out_b.item() == pytest.approx(expected, rel=1e-12)
-    assert lse_b.item() == pytest.approx(eps * ((d_k + 3) * big + 2 * n_k + 1 + 2 * math.log(n_k) + lse), rel=1e-12)
+    assert out_b.item() == pytest.approx(expected, rel=1e-12, abs=0)
+    assert lse_b.item() == pytest.approx(eps * ((d_k + 3) * big + 2 * n_k + 1 + 2 * math.log(n_k) + lse), rel=1e-12, abs=0)
     # with two merges: 2 beta + 2 (3 S* + 10) more
     star = big + math.log(n_k)
     beta = (d_k + 3) * big + star + 2 * n_k + 1 + 2 * math.log(n_k)
     out_m, lse_m = rounding_bound(q, k, v, merges=2)
     more = eps * (2 * beta + 2 * (3 * star + 10)) * pv + 4 * tiny * (3 * 3 + 2)
-    assert out_m.item() == pytest.approx(expected + more, rel=1e-12)
-    assert lse_m.item() == pytest.approx(lse_b.item() + eps * 2 * (star + 6), rel=1e-12)
+    assert out_m.item() == pytest.approx(expected + more, rel=1e-12, abs=0)
+    assert lse_m.item() == pytest.approx(lse_b.item() + eps * 2 * (star + 6), rel=1e-12, abs=0)
     assert typical_rounding_bound(q, k, v).item() == pytest.approx(
-        eps * 8 * (2 * (math.sqrt(2) + 3) * big + 2 * math.sqrt(6) + 5) * pv + 2 * 3 * tiny * 11, rel=1e-12)
-    assert share_sum_bound(torch.tensor([lse]), 3, torch.float32).item() == pytest.approx(
-        eps / 2 * (lse + 6 + 2 + 5 * math.log(3)), rel=1e-12)
+        eps * 8 * (2 * (math.sqrt(2) + 3) * big + 2 * math.sqrt(6) + 5) * pv + 2 * 3 * tiny * 11, rel=1e-12, abs=0)
+    assert share_sum_bound(torch.tensor([lse], dtype=F64), 3, torch.float32).item() == pytest.approx(
+        eps / 2 * (lse + 6 + 2 + 5 * math.log(3)), rel=1e-12, abs=0)
 
 
 def test_gradient_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> None:
@@ -91,10 +91,10 @@ def test_gradient_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> No
     x = [0.5 * abs(vj) + row for vj in (1.0, -2.0, 3.0)]  # |dO||V|^T + row
     ds = [pj * xj * sc for pj, xj in zip(p, x)]
     xs = max(x) * sc + 2
-    assert dv[:, 0].tolist() == pytest.approx([w * pj * 0.5 + 2 * tiny * 1.5 for pj in p], rel=1e-12)
+    assert dv[:, 0].tolist() == pytest.approx([w * pj * 0.5 + 2 * tiny * 1.5 for pj in p], rel=1e-12, abs=0)
     expected_dq = [w * (ds[0] * 1 + ds[2] * 1), w * (ds[1] + ds[2])]
-    assert dq[0].tolist() == pytest.approx([e + 2 * n_k * tiny * (xs * 1 + 1) for e in expected_dq], rel=1e-12)
-    assert dk[:, 1].tolist() == pytest.approx([w * dj * 2 + 2 * tiny * (xs * 2 + 1) for dj in ds], rel=1e-12)
+    assert dq[0].tolist() == pytest.approx([e + 2 * n_k * tiny * (xs * 1 + 1) for e in expected_dq], rel=1e-12, abs=0)
+    assert dk[:, 1].tolist() == pytest.approx([w * dj * 2 + 2 * tiny * (xs * 2 + 1) for dj in ds], rel=1e-12, abs=0)
 
 
 # ---- problems built to break a bound ----------------------------------------------------------------------

@@ -92,15 +92,15 @@ def test_rebuilt_from_its_grouped_projections_on_their_device() -> None:
     assert {p.device.type for p in again.parameters()} == {"meta"}
 
 
-def _grouped_args(**change: object) -> dict:
+def _grouped_args(**change: object) -> dict[str, object]:
     """A valid GroupedAttentionWeights: d_model 4, h 2, g 1, d_k 2, with biases; ``change`` replaces some."""
     z = torch.zeros
-    args: dict = dict(w_q=z(4, 4), w_k=z(4, 2), w_v=z(4, 2), w_o=z(4, 4), num_heads=2, num_kv_heads=1,
+    args: dict[str, object] = dict(w_q=z(4, 4), w_k=z(4, 2), w_v=z(4, 2), w_o=z(4, 4), num_heads=2, num_kv_heads=1,
                       b_q=z(4), b_k=z(2), b_v=z(2), b_o=z(4))
     return args | change
 
 
-GROUPED_REFUSALS = {
+GROUPED_REFUSALS: dict[str, tuple[dict[str, object], type[Exception], str]] = {
     "num_heads 0": ({"num_heads": 0}, ValueError, "^num_heads must be a positive int, got 0$"),
     "g not dividing h": ({"num_kv_heads": 3}, ValueError, r"^num_kv_heads \(3\) must divide num_heads \(2\)$"),
     "w_k None": ({"w_k": None}, TypeError, "^w_k must be a torch.Tensor, got NoneType$"),
@@ -122,8 +122,8 @@ GROUPED_REFUSALS = {
 def test_grouped_weights_refusals(case: str) -> None:
     change, error, match = GROUPED_REFUSALS[case]
     with pytest.raises(error, match=match):
-        GroupedAttentionWeights(**_grouped_args(**change))
-    w = GroupedAttentionWeights(**_grouped_args(rope_base=10.0))
+        GroupedAttentionWeights(**_grouped_args(**change))  # type: ignore[arg-type]
+    w = GroupedAttentionWeights(**_grouped_args(rope_base=10.0))  # type: ignore[arg-type]
     assert (w.d_model, w.d_k, w.bias, w.rope_base) == (4, 2, True, 10.0)
 
 

@@ -57,7 +57,7 @@ def test_rope_frequency_error_is_its_formula() -> None:
         u = torch.finfo(dtype).eps / 2
         ks = [3.0, 0.5 * math.log(500.0) + 3]
         got = rope_frequency_error(4, 500.0, dtype)
-        assert got.dtype == F64 and got.tolist() == pytest.approx([k * u / (1 - k * u) for k in ks], rel=1e-14)
+        assert got.dtype == F64 and got.tolist() == pytest.approx([k * u / (1 - k * u) for k in ks], rel=1e-14, abs=0)
     assert rope_frequency_error(2).tolist() == [3 * 2.0**-53 / (1 - 3 * 2.0**-53)]
     with pytest.raises(ValueError, match="d_k must be even, got 3"):
         rope_frequency_error(3)
@@ -84,10 +84,11 @@ def test_rope_angle_error_is_its_formula() -> None:
     base 100 (omega = 1, 1/10), float32 (u = 2^-24); position 2^25 is past 1/u and rounds too."""
     u = 2.0**-24
     rel = rope_frequency_error(4, 100.0, torch.float32).tolist()
-    got = rope_angle_error(torch.tensor([0, -3, 2**25]), 4, 100.0, torch.float32)
-    assert got.dtype == F64 and got.shape == (3, 2)
-    for row, (p, extra) in zip(got.tolist(), ((0, 1), (3, 1), (2**25, 2))):
-        assert row == pytest.approx([p * w * (r + extra * u * (1 + r)) for w, r in zip((1.0, 0.1), rel)], rel=1e-14)
+    got = rope_angle_error(torch.tensor([0, -3, 2**24, 2**25]), 4, 100.0, torch.float32)
+    assert got.dtype == F64 and got.shape == (4, 2)
+    # 2^24 = 1/u is still exact in float32; 2^25 is past it
+    for row, (p, extra) in zip(got.tolist(), ((0, 1), (3, 1), (2**24, 1), (2**25, 2))):
+        assert row == pytest.approx([p * w * (r + extra * u * (1 + r)) for w, r in zip((1.0, 0.1), rel)], rel=1e-14, abs=0)
 
 
 def test_rope_merged_bound_is_its_formula() -> None:
@@ -104,7 +105,7 @@ def test_rope_merged_bound_is_its_formula() -> None:
     wq, wk = [1.0, -2.0], [0.5, 3.0]
     expected = sum(abs(wq[a]) * core[a][b] * abs(wk[b]) for a in range(2) for b in range(2))
     got = rope_merged_bound(torch.tensor([wq], dtype=F64), torch.tensor([wk], dtype=F64), 0, 3)
-    assert got.shape == (1, 1) and float(got) == pytest.approx(expected, rel=1e-13)
+    assert got.shape == (1, 1) and float(got) == pytest.approx(expected, rel=1e-13, abs=0)
     under = eta * (2 * sum(r3[a][b] * abs(wk[b]) for a in range(2) for b in range(2)) + 2 * 3.5 + 4)
     zero = rope_merged_bound(torch.zeros(1, 2, dtype=F64), torch.tensor([wk], dtype=F64), 0, 3)
     assert float(zero) == pytest.approx(under, rel=0, abs=1.01 * eta)
