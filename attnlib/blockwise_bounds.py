@@ -162,11 +162,17 @@ def rounding_bound(
     ``q``. It writes out the ``n_q x n_k`` weights: a check for small problems.
     """
     merges = _check_merges(merges)
-    return _worst_case(_sizes(q, k, v, mask, scale), q.dtype, merges)
+    sizes = _sizes(q, k, v, mask, scale)
+    return _worst_case(sizes, _pv(sizes), q.dtype, merges)
 
 
-def _worst_case(sizes: _Sizes, dtype: torch.dtype, merges: int) -> tuple[Tensor, Tensor]:
-    """:func:`rounding_bound` from :func:`_sizes`' pass over the scores."""
+def _pv(sizes: _Sizes) -> Tensor:
+    r""":math:`|P|\,|V|` ``(..., n_q, d_v)``, the factor of both bounds."""
+    return sizes[3] @ sizes[2].abs()
+
+
+def _worst_case(sizes: _Sizes, pv: Tensor, dtype: torch.dtype, merges: int) -> tuple[Tensor, Tensor]:
+    """:func:`rounding_bound` from :func:`_sizes`' pass over the scores and :func:`_pv`."""
     q64, k64, v64, p, sc, big, tiny, s = sizes
     lse = torch.logsumexp(s, -1)  # (..., n_q)
     eps = torch.finfo(dtype).eps
@@ -176,7 +182,6 @@ def _worst_case(sizes: _Sizes, dtype: torch.dtype, merges: int) -> tuple[Tensor,
     count = 2 * (d_k + 3) * big + 4 * n_k + 4
     if merges:
         count += 2 * beta + merges * (3 * star + 10)
-    pv = p @ v64.abs()  # (..., n_q, d_v)
     floor = 2 * (n_k + merges) * tiny * (3 * float(v64.abs().amax()) + 2)
     out_bound = (eps * count + 4 * (d_k + 1) * tiny * max(1.0, sc)) * pv + floor
     lse_abs = torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse))
@@ -207,7 +212,9 @@ def typical_rounding_bound(
     whose rounding errors are biased could exceed it too; the gate would then fail loudly.
     Shapes and dtype as :func:`rounding_bound`; ``lam`` > 0 (default 8).
     """
-    return _typical(_sizes(q, k, v, mask, scale), q.dtype, _check_lam(lam))
+    lam = _check_lam(lam)
+    sizes = _sizes(q, k, v, mask, scale)
+    return _typical(sizes, _pv(sizes), q.dtype, lam)
 
 
 def _check_lam(lam: object) -> float:
@@ -216,14 +223,14 @@ def _check_lam(lam: object) -> float:
     return float(lam)
 
 
-def _typical(sizes: _Sizes, dtype: torch.dtype, lam: float) -> Tensor:
-    """:func:`typical_rounding_bound` from :func:`_sizes`' pass over the scores."""
+def _typical(sizes: _Sizes, pv: Tensor, dtype: torch.dtype, lam: float) -> Tensor:
+    """:func:`typical_rounding_bound` from :func:`_sizes`' pass over the scores and :func:`_pv`."""
     q64, k64, v64, p, sc, big, tiny, _ = sizes
     eps = torch.finfo(dtype).eps
     d_k, n_k = q64.shape[-1], k64.shape[-2]
     count = 2 * (math.sqrt(d_k) + 3) * big + 2 * math.sqrt(2 * n_k) + 5
     floor = 2 * n_k * tiny * (3 * float(v64.abs().amax()) + 2)
-    return eps * lam * count * (p @ v64.abs()) + floor
+    return eps * lam * count * pv + floor
 
 
 def worst_and_typical_bounds(
@@ -236,7 +243,8 @@ def worst_and_typical_bounds(
     writes out the ``n_q x n_k`` weights; a gate that needs both computes them once)."""
     merges, lam = _check_merges(merges), _check_lam(lam)
     sizes = _sizes(q, k, v, mask, scale)
-    return (*_worst_case(sizes, q.dtype, merges), _typical(sizes, q.dtype, lam))
+    pv = _pv(sizes)
+    return (*_worst_case(sizes, pv, q.dtype, merges), _typical(sizes, pv, q.dtype, lam))
 
 
 def share_sum_bound(lse: Tensor, parts: int, dtype: torch.dtype | None = None) -> Tensor:
