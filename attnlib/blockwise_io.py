@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -44,19 +44,6 @@ ALGORITHMS = ("standard", "flash", "flash2", "backward_q_outer", "backward_kv_ou
 
 
 # ---- bytes held: every allocation, op by op ---------------------------------------------------
-def _tensors(x: Any) -> Iterator[Tensor]:
-    """The tensors in an op's arguments or results (nested tuples, lists and dicts): what
-    ``tree_leaves`` finds there, without its generality (this runs at every op)."""
-    if isinstance(x, Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            yield from _tensors(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensors(y)
-
-
 class _Allocations(TorchDispatchMode):
     """Records ``(storage, +bytes)`` when an op returns a tensor on new storage and
     ``(storage, -bytes)`` when the last tensor on it dies."""
@@ -83,8 +70,10 @@ class _Allocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        given = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
-        for t in _tensors(out):
+        given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, Tensor):
+                continue
             storage = t.untyped_storage()
             key = storage.data_ptr()
             if key not in self.live and key not in given and storage.nbytes():  # a new allocation
