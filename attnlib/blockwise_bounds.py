@@ -8,7 +8,8 @@ Companions of :mod:`attnlib.blockwise`, for its checks and its benchmark:
   how far two evaluations of attention, or of its gradients, may differ by rounding alone
   (another tile size, another order of the sums, another library), derived from the
   computation; :func:`typical_rounding_bound`, the same count for the typical error, a
-  tolerance for gates; :func:`share_sum_bound` for the shares of a merge;
+  tolerance for gates (:func:`worst_and_typical_bounds`: both from one pass over the scores);
+  :func:`share_sum_bound` for the shares of a merge;
   :func:`output_projection_bound` carries a bound on the heads through :math:`W^O`.
 
 Notation of every bound: :math:`u` = unit roundoff (``eps / 2``), :math:`\varepsilon` = ``eps``,
@@ -31,7 +32,7 @@ from attnlib.checks import check_mask, check_positive_int, check_tensor, format_
 from attnlib.attention import check_qkv, check_scale, masked_softmax
 
 __all__ = ["intermediate_bytes", "accumulator_dtype", "rounding_bound", "typical_rounding_bound",
-           "gradient_rounding_bound", "share_sum_bound", "output_projection_bound"]
+           "worst_and_typical_bounds", "gradient_rounding_bound", "share_sum_bound", "output_projection_bound"]
 
 LAMBDA = 8.0  # typical_rounding_bound's lambda: a sum of n roundings stays within lambda sqrt(n) u
 
@@ -84,11 +85,13 @@ def intermediate_bytes(
 
 
 # ---- how close two evaluations must be -----------------------------------------------------------
-def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None
-           ) -> tuple[Tensor, Tensor, Tensor, Tensor, float, float, float, Tensor]:
+_Sizes = tuple[Tensor, Tensor, Tensor, Tensor, float, float, float, Tensor]  # what _sizes returns
+
+
+def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None) -> _Sizes:
     """Float64 copies, the weights P (the arguments checked as :func:`attnlib.attention` checks
     them, the weights computed as it computes them, from one product of scores), scale, S, tiny,
-    the exact lse."""
+    the scores (``-inf`` where masked; their log-sum-exp is the exact lse)."""
     if check_tensor("q", q).dim() < 2:
         raise ValueError(f"q must have shape (..., n_q, d_k), got {format_shape(q)}")
     batch = check_qkv(q, k, v)
@@ -103,8 +106,7 @@ def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | 
         s = s.masked_fill(~mask, float("-inf"))
     p = p.expand(batch + s.shape[-2:])  # (..., n_q, n_k), v's batch dimensions too
     big = float((q64.abs() @ k64.abs().transpose(-2, -1)).amax()) * sc  # S
-    lse = torch.logsumexp(s, -1)  # (..., n_q)
-    return q64, k64, v64, p, sc, big, torch.finfo(q.dtype).tiny, lse
+    return q64, k64, v64, p, sc, big, torch.finfo(q.dtype).tiny, s
 
 
 def _check_merges(merges: object) -> int:
@@ -160,15 +162,26 @@ def rounding_bound(
     ``q``. It writes out the ``n_q x n_k`` weights: a check for small problems.
     """
     merges = _check_merges(merges)
-    q64, k64, v64, p, sc, big, tiny, lse = _sizes(q, k, v, mask, scale)
-    eps = torch.finfo(q.dtype).eps
-    d_k, n_k = q.shape[-1], k.shape[-2]
+    sizes = _sizes(q, k, v, mask, scale)
+    return _worst_case(sizes, _pv(sizes), q.dtype, merges)
+
+
+def _pv(sizes: _Sizes) -> Tensor:
+    r""":math:`|P|\,|V|` ``(..., n_q, d_v)``, the factor of both bounds."""
+    return sizes[3] @ sizes[2].abs()
+
+
+def _worst_case(sizes: _Sizes, pv: Tensor, dtype: torch.dtype, merges: int) -> tuple[Tensor, Tensor]:
+    """:func:`rounding_bound` from :func:`_sizes`' pass over the scores and :func:`_pv`."""
+    q64, k64, v64, p, sc, big, tiny, s = sizes
+    lse = torch.logsumexp(s, -1)  # (..., n_q)
+    eps = torch.finfo(dtype).eps
+    d_k, n_k = q64.shape[-1], k64.shape[-2]
     star = big + math.log(n_k)  # S*
     beta = (d_k + 3) * big + star + 2 * n_k + 1 + 2 * math.log(n_k)  # a part's lse, in u
     count = 2 * (d_k + 3) * big + 4 * n_k + 4
     if merges:
         count += 2 * beta + merges * (3 * star + 10)
-    pv = p @ v64.abs()  # (..., n_q, d_v)
     floor = 2 * (n_k + merges) * tiny * (3 * float(v64.abs().amax()) + 2)
     out_bound = (eps * count + 4 * (d_k + 1) * tiny * max(1.0, sc)) * pv + floor
     lse_abs = torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse))
@@ -199,14 +212,39 @@ def typical_rounding_bound(
     whose rounding errors are biased could exceed it too; the gate would then fail loudly.
     Shapes and dtype as :func:`rounding_bound`; ``lam`` > 0 (default 8).
     """
+    lam = _check_lam(lam)
+    sizes = _sizes(q, k, v, mask, scale)
+    return _typical(sizes, _pv(sizes), q.dtype, lam)
+
+
+def _check_lam(lam: object) -> float:
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam > 0:
         raise ValueError(f"lam must be a number > 0, got {lam!r}")
-    q64, k64, v64, p, sc, big, tiny, _ = _sizes(q, k, v, mask, scale)
-    eps = torch.finfo(q.dtype).eps
-    d_k, n_k = q.shape[-1], k.shape[-2]
+    return float(lam)
+
+
+def _typical(sizes: _Sizes, pv: Tensor, dtype: torch.dtype, lam: float) -> Tensor:
+    """:func:`typical_rounding_bound` from :func:`_sizes`' pass over the scores and :func:`_pv`."""
+    q64, k64, v64, p, sc, big, tiny, _ = sizes
+    eps = torch.finfo(dtype).eps
+    d_k, n_k = q64.shape[-1], k64.shape[-2]
     count = 2 * (math.sqrt(d_k) + 3) * big + 2 * math.sqrt(2 * n_k) + 5
     floor = 2 * n_k * tiny * (3 * float(v64.abs().amax()) + 2)
-    return eps * lam * count * (p @ v64.abs()) + floor
+    return eps * lam * count * pv + floor
+
+
+def worst_and_typical_bounds(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None,
+    *, merges: int = 0, lam: float = LAMBDA,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(*rounding_bound(...), typical_rounding_bound(...))`` from one pass over the scores:
+    the worst-case bound on the output ``(..., n_q, d_v)`` and on the log-sum-exp ``(..., n_q)``,
+    and the typical tolerance ``(..., n_q, d_v)``, equal to what the two functions return (each
+    writes out the ``n_q x n_k`` weights; a gate that needs both computes them once)."""
+    merges, lam = _check_merges(merges), _check_lam(lam)
+    sizes = _sizes(q, k, v, mask, scale)
+    pv = _pv(sizes)
+    return (*_worst_case(sizes, pv, q.dtype, merges), _typical(sizes, pv, q.dtype, lam))
 
 
 def share_sum_bound(lse: Tensor, parts: int, dtype: torch.dtype | None = None) -> Tensor:

@@ -152,17 +152,23 @@ class SRAM:
         width = self.hbm[name].shape[1] if self.values else self.hbm[name][1]
         return range(width) if cols is None else cols
 
+    # load, store and new run hundreds of thousands of times in a count: the bookkeeping inline
     def load(self, name: str, rows: range, cols: range | None = None) -> Block:
         """Rows ``rows`` (and columns ``cols``, default all) of HBM array ``name`` onto the chip."""
         cols = self._cols(name, cols)
+        r, c = len(rows), len(cols)
         value = self.hbm[name][rows.start:rows.stop, cols.start:cols.stop].clone() if self.values else None
-        self.read += len(rows) * len(cols) * self.itemsize
-        return self._hold(Block(len(rows), len(cols), value))
+        nbytes = r * c * self.itemsize
+        self.read += nbytes
+        self.held += nbytes
+        if self.held > self.peak:
+            self.peak = self.held
+        return Block(r, c, value)
 
     def store(self, block: Block, name: str, rows: range, cols: range | None = None) -> None:
         """``block`` into those rows and columns of HBM array ``name``; it stays on chip."""
         cols = self._cols(name, cols)
-        if (block.rows, block.cols) != (len(rows), len(cols)):
+        if block.rows != len(rows) or block.cols != len(cols):
             raise ValueError(f"a ({block.rows}, {block.cols}) block cannot fill ({len(rows)}, {len(cols)}) of {name}")
         self.written += block.rows * block.cols * self.itemsize
         if self.values:
@@ -170,7 +176,10 @@ class SRAM:
 
     def new(self, rows: int, cols: int, fn: Callable[..., Tensor], *inputs: Block) -> Block:
         """A ``(rows, cols)`` block computed on chip: ``fn`` of the inputs' values."""
-        return self._hold(Block(rows, cols, fn(*(b.value for b in inputs)) if self.values else None))
+        self.held += rows * cols * self.itemsize
+        if self.held > self.peak:
+            self.peak = self.held
+        return Block(rows, cols, fn(*(b.value for b in inputs)) if self.values else None)
 
     def update(self, block: Block, fn: Callable[..., Tensor], *inputs: Block) -> None:
         """``block = fn(block, *inputs)`` in place: no more room."""
@@ -180,11 +189,6 @@ class SRAM:
     def free(self, *blocks: Block) -> None:
         for b in blocks:
             self.held -= b.rows * b.cols * self.itemsize
-
-    def _hold(self, block: Block) -> Block:
-        self.held += block.rows * block.cols * self.itemsize
-        self.peak = max(self.peak, self.held)
-        return block
 
     def count(self) -> IOCount:
         return IOCount(self.read, self.written, self.peak)

@@ -32,7 +32,12 @@ from attnlib.blockwise import (
     rounding_bound,
     split_k_attention,
 )
-from attnlib.blockwise_bounds import output_projection_bound, share_sum_bound, typical_rounding_bound
+from attnlib.blockwise_bounds import (
+    output_projection_bound,
+    share_sum_bound,
+    typical_rounding_bound,
+    worst_and_typical_bounds,
+)
 from attnlib.decoding import causal_mask
 
 try:
@@ -249,6 +254,27 @@ def test_output_projection_bound_refuses_mismatched_shapes() -> None:
         rounding_bound(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(4, 1), merges=-1)
     with pytest.raises(ValueError, match="lam must be a number > 0"):
         typical_rounding_bound(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(4, 1), lam=0)
+    for bad in ({"merges": -1}, {"lam": 0}):  # the one-pass form refuses what the two refuse
+        with pytest.raises(ValueError, match="merges must be an int >= 0|lam must be a number > 0"):
+            worst_and_typical_bounds(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(4, 1), **bad)
+
+
+def test_worst_and_typical_bounds_equal_the_two_functions() -> None:
+    """One pass over the scores gives, bit for bit, rounding_bound's two bounds and
+    typical_rounding_bound's tolerance: with and without a mask (a query with no allowed key
+    too), merges, lam, scale, float32 and float16."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 5, 4, generator=g), torch.randn(2, 7, 4, generator=g), torch.randn(2, 7, 3, generator=g)
+    mask = torch.rand(2, 5, 7, generator=g) < 0.6
+    mask[0, 1] = False
+    for m, kw in ((None, {}), (mask, {"merges": 3, "lam": 5.0}), (mask, {"scale": 0.3})):
+        for dt in (torch.float32, torch.float16):
+            args = (q.to(dt), k.to(dt), v.to(dt), m)
+            both = worst_and_typical_bounds(*args, **kw)
+            worst = rounding_bound(*args, **{x: y for x, y in kw.items() if x != "lam"})
+            typical = typical_rounding_bound(*args, **{x: y for x, y in kw.items() if x != "merges"})
+            for got, want in zip(both, (*worst, typical)):
+                assert got.shape == want.shape and torch.equal(got, want)
 
 
 # ---- the gate: passes what is right, refuses one tile of keys dropped --------------------------------
