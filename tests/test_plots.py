@@ -68,6 +68,12 @@ def test_attention_maps() -> None:
     for i, ax in enumerate(titled):  # panel i draws head i's map
         np.testing.assert_array_equal(ax.images[0].get_array(), w[i].numpy())
     assert sum(not ax.axison for ax in fig.axes) == 3  # the unused panels of a 2 x 4 grid
+    # the tokens label the outer panels: keys where no panel lies below, queries on column 0
+    for i, ax in enumerate(titled):
+        keys = [t.get_text() for t in ax.get_xticklabels() if t.get_visible()]
+        queries = [t.get_text() for t in ax.get_yticklabels() if t.get_visible()]
+        assert keys == (["a", "b", "c"] if i >= 1 else [])  # heads 1-4 have none below
+        assert queries == (["a", "b", "c"] if i in (0, 4) else [])
     with pytest.raises(ValueError, match=r"weights must have shape \(h, n_q, n_k\), got \(3, 3\)"):
         plots.attention_maps(torch.rand(3, 3))
 

@@ -61,6 +61,10 @@ def attention_maps(
     """A grid of attention maps, one panel per head: ``weights`` is ``(h, n_q, n_k)``.
 
     Every panel uses the same colour scale, 0 to 1, shown once by a shared colour bar.
+    Every panel reads the same tokens, so their names label the outer panels only: the
+    keys under each panel with no panel below it, the queries on the first column.
+    (Each label is a text to lay out; on twelve panels, repeating them tripled the
+    figure's drawing time.)
     """
     w = to_numpy(weights)
     if w.ndim != 3:
@@ -78,6 +82,8 @@ def attention_maps(
         ticks_q, ticks_k = range(w.shape[1]), range(w.shape[2])
         ax.set_xticks(ticks_k, labels if labels is not None else ticks_k, rotation=90, fontsize=7)
         ax.set_yticks(ticks_q, labels if labels is not None else ticks_q, fontsize=7)
+        # the same names on every panel: shown on the outer ones only
+        ax.tick_params(labelbottom=i >= h - ncols, labelleft=i % ncols == 0)
         ax.set_title(panel_titles[i] if panel_titles is not None else f"head {i}", fontsize=9)
         if i % ncols == 0:
             ax.set_ylabel("query")
