@@ -30,7 +30,8 @@ from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 
 __all__ = ["SURVEY_SEEDS", "CONFIGS", "HeadConfig", "TEST_SEED", "SurveyGroup", "RecallSurvey", "SurveyTable",
            "train_group", "train_survey", "survey_numbers", "load_survey", "save_survey",
-           "compare_with_survey"]
+           "compare_with_survey", "RUN_SEEDS", "survey_groups", "save_survey_runs", "load_survey_runs",
+           "compare_with_runs"]
 
 SURVEY_SEEDS = tuple(range(40))  # the seeds of the stored table
 TEST_SEED = 1000  # the test books' generator: no training seed
@@ -87,20 +88,28 @@ class SurveyGroup:
         return found
 
 
-def train_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
-                steps: int = 300, batch_size: int = 128, pairing: Pairing = "all") -> SurveyGroup:
-    """Every ``configs`` head (keys ``d_k`` and optionally ``search``, ``tie_vk``, ``weight_decay``,
-    ``loss``, ``target``) for every seed, trained as one :class:`RecallRuns` in float64."""
+def _build_group(task: PhoneBookTask, configs: dict[str, HeadConfig],
+                 seeds: Sequence[int]) -> tuple[RecallRuns, list[str], list[int], list[HeadConfig]]:
+    """The untrained runs of :func:`train_group`: every ``configs`` head for every seed
+    (label-major), their labels, seeds and configurations."""
     plan = [(label, s) for label in configs for s in seeds]
     cfg = [configs[label] for label, _ in plan]
     runs = RecallRuns(task.d_model, task.n_numbers, [c["d_k"] for c in cfg], [s for _, s in plan],
                       [c.get("search", True) for c in cfg], [c.get("tie_vk", False) for c in cfg], dtype=F64)
+    return runs, [label for label, _ in plan], [s for _, s in plan], cfg
+
+
+def train_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
+                steps: int = 300, batch_size: int = 128, pairing: Pairing = "all") -> SurveyGroup:
+    """Every ``configs`` head (keys ``d_k`` and optionally ``search``, ``tie_vk``, ``weight_decay``,
+    ``loss``, ``target``) for every seed, trained as one :class:`RecallRuns` in float64."""
+    runs, labels, run_seeds, cfg = _build_group(task, configs, seeds)
     losses = train_recall_runs(
         runs, task, steps=steps, batch_size=batch_size, pairing=pairing,
         weight_decay=[c.get("weight_decay", 0.05) for c in cfg],
         loss=[c.get("loss", "squared") for c in cfg],
         target=[c.get("target", "centred") for c in cfg])
-    return SurveyGroup(task, runs, [label for label, _ in plan], [s for _, s in plan], losses)
+    return SurveyGroup(task, runs, labels, run_seeds, losses)
 
 
 @dataclass
@@ -118,23 +127,54 @@ class RecallSurvey:
     parity: SurveyGroup | None
 
 
-def train_survey(seeds: Sequence[int], main_only: bool = False) -> RecallSurvey:
-    """Train every head of chapter 7 for each seed (deterministic on one thread); with
-    ``main_only``, only ``main`` (and ``untrained``): the other groups are left empty."""
+def _plan() -> dict[str, tuple[PhoneBookTask, dict[str, HeadConfig], int, Pairing]]:
+    """The batched trainings of :func:`train_survey`: name -> (task, heads, steps, pairing)."""
+    plan: dict[str, tuple[PhoneBookTask, dict[str, HeadConfig], int, Pairing]] = {
+        "main": (TASK, CONFIGS, 300, "all"),
+        "wide": (PhoneBookTask(n_names=14, n_numbers=4, n_pairs=4),
+                 {"centred": {"d_k": 3}, "one-hot": {"d_k": 3, "target": "one_hot"}}, 300, "all")}
+    for (n, m), widths in MORE.items():
+        plan[f"more {n} {m}"] = (PhoneBookTask(n_names=n, n_numbers=m, n_pairs=4),
+                                 {f"{n} {m} {d}": {"d_k": d} for d in widths}, 150, "all")
+    plan["parity"] = (TASK, {f"parity {d}": {"d_k": d} for d in (16, 8, 4)}, 300, "even")
+    return plan
+
+
+def _untrained(seeds: Sequence[int]) -> RecallRuns:
+    return RecallRuns(TASK.d_model, TASK.n_numbers, [16] * len(seeds), list(seeds), dtype=F64)
+
+
+def _check_seeds(seeds: Sequence[int]) -> list[int]:
     seeds = list(seeds)
     if not seeds or len(set(seeds)) != len(seeds) or TEST_SEED in seeds:
         raise ValueError(f"seeds must be distinct, non-empty and exclude the test seed {TEST_SEED}, got {seeds}")
-    main = train_group(TASK, CONFIGS, seeds)
-    untrained = RecallRuns(TASK.d_model, TASK.n_numbers, [16] * len(seeds), seeds, dtype=F64)
-    if main_only:
-        return RecallSurvey(seeds, main, untrained, None, {}, None)
-    t14 = PhoneBookTask(n_names=14, n_numbers=4, n_pairs=4)
-    wide = train_group(t14, {"centred": {"d_k": 3}, "one-hot": {"d_k": 3, "target": "one_hot"}}, seeds)
-    more = {(n, m): train_group(PhoneBookTask(n_names=n, n_numbers=m, n_pairs=4),
-                                {f"{n} {m} {d}": {"d_k": d} for d in widths}, seeds, steps=150)
-            for (n, m), widths in MORE.items()}
-    parity = train_group(TASK, {f"parity {d}": {"d_k": d} for d in (16, 8, 4)}, seeds, pairing="even")
-    return RecallSurvey(seeds, main, untrained, wide, more, parity)
+    return seeds
+
+
+def _assemble(seeds: list[int], groups: dict[str, SurveyGroup]) -> RecallSurvey:
+    more = {(g.task.n_names, g.task.n_numbers): g for name, g in groups.items() if name.startswith("more ")}
+    return RecallSurvey(seeds, groups["main"], _untrained(seeds), groups.get("wide"), more, groups.get("parity"))
+
+
+def survey_groups(s: RecallSurvey) -> dict[str, SurveyGroup]:
+    """The trained groups of ``s`` by name: ``"main"``, ``"wide"``, ``"more 26 4"``,
+    ``"more 13 8"``, ``"more 12 4"``, ``"parity"`` (only ``"main"`` for a ``main_only`` survey)."""
+    out = {"main": s.main}
+    if s.wide is not None:
+        out["wide"] = s.wide
+    out.update({f"more {n} {m}": g for (n, m), g in s.more.items()})
+    if s.parity is not None:
+        out["parity"] = s.parity
+    return out
+
+
+def train_survey(seeds: Sequence[int], main_only: bool = False) -> RecallSurvey:
+    """Train every head of chapter 7 for each seed (deterministic on one thread); with
+    ``main_only``, only ``main`` (and ``untrained``): the other groups are left empty."""
+    seeds = _check_seeds(seeds)
+    groups = {name: train_group(task, configs, seeds, steps=steps, pairing=pairing)
+              for name, (task, configs, steps, pairing) in _plan().items() if name == "main" or not main_only}
+    return _assemble(seeds, groups)
 
 
 def _test(task: PhoneBookTask, pairing: Pairing = "all", seed: int = TEST_SEED, n: int = 1000) -> RecallBatch:
@@ -206,7 +246,9 @@ def survey_numbers(s: RecallSurvey) -> dict[str, list[float]]:
     seen_counts, unseen_right = [], []
     for k, seed in enumerate(s.seeds):
         gen = torch.Generator().manual_seed(seed)
-        seen = torch.cat([_book_code(*TASK.draw(128, gen), TASK.n_names, TASK.n_numbers) for _ in range(300)])
+        draws = [TASK.draw(128, gen) for _ in range(300)]  # its training stream, regenerated
+        names_t, numbers_t, slot_t = (torch.cat(part) for part in zip(*draws))
+        seen = _book_code(names_t, numbers_t, slot_t, TASK.n_names, TASK.n_numbers)
         unseen = ~torch.isin(code, seen)
         seen_counts.append(float((~unseen).sum()))
         unseen_right.append(float(bool((y16[k][unseen] == test.target[unseen]).all())))
@@ -374,3 +416,91 @@ def compare_with_survey(numbers: dict[str, list[float]], seeds: Sequence[int], t
             if not math.isclose(v, w, rel_tol=rel, abs_tol=1e-9):
                 raise AssertionError(f"{key!r}, seed {seed}: {v!r} here, {w!r} in the table")
     return len(numbers) * len(seeds)
+
+
+# ---- the trained weights of a few seeds, shipped with the package --------------------------------
+RUN_SEEDS = (0, 1, 2, 3, 4)  # the seeds whose trained heads ship (runs.safetensors)
+SHIPPED_RUNS = "runs.safetensors"
+_META = "attnlib.recall"
+
+
+def save_survey_runs(s: RecallSurvey, path: str | Path, seeds: Sequence[int] = RUN_SEEDS) -> None:
+    """Write the trained weights and losses of ``s``'s runs for ``seeds`` (a subset of
+    ``s.seeds``, in their order there) to a safetensors file, every group of ``s``, with each
+    group's labels and seeds as metadata (what :func:`load_survey_runs` reads)."""
+    from safetensors.torch import save_file
+
+    keep = [x for x in s.seeds if x in set(seeds)]
+    if sorted(keep) != sorted(seeds):
+        raise ValueError(f"seeds {sorted(set(seeds) - set(s.seeds))} are not in the survey (seeds {s.seeds})")
+    tensors: dict[str, Tensor] = {}
+    meta: dict[str, object] = {"seeds": keep, "groups": {}}
+    for name, g in survey_groups(s).items():
+        pick = [r for r, x in enumerate(g.seeds) if x in keep]
+        for key, value in g.runs.state_dict().items():
+            tensors[f"{name}.{key}"] = value[pick].contiguous()
+        tensors[f"{name}.losses"] = g.losses[:, pick].contiguous()
+        meta["groups"][name] = {"labels": [g.labels[r] for r in pick], "seeds": [g.seeds[r] for r in pick]}  # type: ignore[index]
+    save_file(tensors, str(path), metadata={_META: json.dumps(meta)})
+
+
+def load_survey_runs(path: str | Path | None = None) -> RecallSurvey:
+    """The trained runs stored by :func:`save_survey_runs`, as a :class:`RecallSurvey`; by
+    default the heads of seeds :data:`RUN_SEEDS` that ``scripts/train_recall_survey.py``
+    trained (the same training as the stored table), shipped with attnlib. Each group is
+    rebuilt from :func:`train_survey`'s plan, and its labels and seeds must be the stored ones."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(__file__).with_name(SHIPPED_RUNS) if path is None else Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no saved runs at {path}")
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads((f.metadata() or {}).get(_META, "null"))
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} holds no {_META} metadata: not written by save_survey_runs")
+    state = load_file(str(path))
+    seeds, plan, groups = list(meta["seeds"]), _plan(), {}
+    for name, stored in meta["groups"].items():
+        if name not in plan:
+            raise ValueError(f"{path}: unknown group {name!r}; train_survey's groups: {sorted(plan)}")
+        task, configs, _, _ = plan[name]
+        runs, labels, run_seeds, _ = _build_group(task, configs, seeds)
+        if (labels, run_seeds) != (stored["labels"], stored["seeds"]):
+            raise ValueError(f"{path}: group {name!r} holds other runs than train_survey's plan for seeds {seeds}")
+        runs.load_state_dict({key: state[f"{name}.{key}"] for key in runs.state_dict()})
+        groups[name] = SurveyGroup(task, runs, labels, run_seeds, state[f"{name}.losses"])
+    if "main" not in groups:
+        raise ValueError(f"{path} holds no 'main' group")
+    return _assemble(seeds, groups)
+
+
+def compare_with_runs(trained: SurveyGroup, stored: SurveyGroup, rel: float = 1e-6) -> int:
+    """Check that every run of ``trained`` has the weights and the losses of the run of
+    ``stored`` with its label and seed (e.g. a seed retrained here against the shipped
+    :func:`load_survey_runs`), entry by entry within ``rel`` (relative, or 1e-9 absolute near
+    0: the tolerance of :func:`compare_with_survey`, since training carries the rounding of one
+    set of kernels to about 1e-11). Raises ``AssertionError`` naming the first difference, as a
+    share of the stored value (or a run that ``stored`` lacks); returns how many numbers agreed."""
+    where = {(label, seed): r for r, (label, seed) in enumerate(zip(stored.labels, stored.seeds))}
+    mine, theirs = trained.runs.state_dict(), stored.runs.state_dict()
+    if trained.losses.shape[0] != stored.losses.shape[0] or mine.keys() != theirs.keys():
+        raise AssertionError(f"not the same training: {trained.losses.shape[0]} and {stored.losses.shape[0]} steps")
+    count = 0
+    for r, (label, seed) in enumerate(zip(trained.labels, trained.seeds)):
+        if (label, seed) not in where:
+            raise AssertionError(f"run {label!r}, seed {seed} is not among the stored runs")
+        k = where[label, seed]
+        pairs = [(key, mine[key][r], theirs[key][k]) for key in mine] + [("losses", trained.losses[:, r], stored.losses[:, k])]
+        for key, a, b in pairs:
+            if a.shape != b.shape:
+                raise AssertionError(f"{key} of run {label!r}, seed {seed}: shapes {tuple(a.shape)} and {tuple(b.shape)}")
+            a, b = a.to(F64).flatten(), b.to(F64).flatten()
+            close = torch.isclose(a, b, rtol=rel, atol=1e-9)
+            if not close.all():
+                i = int((~close).nonzero()[0])
+                off = abs(a[i] - b[i]).item() / max(abs(b[i].item()), 1e-300)
+                raise AssertionError(f"{key} of run {label!r}, seed {seed}, entry {i}: {off:.1e} of the "
+                                     f"stored value apart (allowed: {rel:.0e})")
+            count += a.numel()
+    return count
