@@ -3,12 +3,14 @@ it reports (chapter 7).
 
 A claim about training holds for a rate of seeds, not for the few a page can afford to train.
 :func:`train_survey` trains, for a list of seeds, every head of chapter 7 (the widths, the
-never-searching control, the tied heads, the other tasks and the parity heads) as four batched
+never-searching control, the tied heads, the other tasks and the parity heads) as six batched
 computations; :func:`survey_numbers` measures each of them on fixed test books and returns one
 value per seed for each measurement. ``scripts/train_recall_survey.py`` does this for the seeds
 :data:`SURVEY_SEEDS` and stores the result with the package (``survey.json``, read by
-:func:`load_survey`); the chapter trains a sample of those seeds itself and checks, with
-:func:`compare_with_survey`, that its numbers are the stored ones.
+:func:`load_survey`), with the trained heads of the seeds :data:`RUN_SEEDS` (``runs.safetensors``,
+read by :func:`load_survey_runs`). The chapter reads those heads and checks, with
+:func:`compare_with_survey`, that their numbers are the stored ones; it retrains a sample of them
+and checks, with :func:`compare_with_runs`, that training gives the stored heads.
 """
 
 from __future__ import annotations
