@@ -402,9 +402,18 @@ def test_the_stored_heads_save_load_and_refuse(tmp_path: Path) -> None:
         compare_with_runs(main, survey.main)
     with pytest.raises(AssertionError, match="run '1', seed 0 is not among the stored runs"):
         compare_with_runs(survey.main, main)
-    short = train_group(TASK12, {"2": {"d_k": 2}}, [0], steps=2)
+    short = train_group(TASK12, {"2": {"d_k": 2}}, [0], steps=2, extra=[("2", 44)])
+    assert short.labels == ["2", "2"] and short.seeds == [0, 44]
     with pytest.raises(AssertionError, match="not the same training: 2 and 300 steps"):
         compare_with_runs(short, survey.main)
+    # only the listed seeds' runs are compared; none listed is no comparison
+    par = survey_groups(back)["parity"]
+    assert compare_with_runs(par, survey.parity, seeds=[3]) == compare_with_runs(par, survey.parity, seeds=[3, 9])
+    assert 2 * compare_with_runs(par, survey.parity, seeds=[3]) == compare_with_runs(par, survey.parity)
+    with pytest.raises(AssertionError, match=r"no run of seeds \[9\] to compare"):
+        compare_with_runs(par, survey.parity, seeds=[9])
+    with pytest.raises(KeyError, match=r"extra runs with labels \['3'\] not in configs"):
+        train_group(TASK12, {"2": {"d_k": 2}}, [0], steps=1, extra=[("3", 44)])
 
 
 def test_survey_errors() -> None:

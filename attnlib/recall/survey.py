@@ -90,11 +90,14 @@ class SurveyGroup:
         return found
 
 
-def _build_group(task: PhoneBookTask, configs: dict[str, HeadConfig],
-                 seeds: Sequence[int]) -> tuple[RecallRuns, list[str], list[int], list[HeadConfig]]:
+def _build_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
+                 extra: Sequence[tuple[str, int]] = ()) -> tuple[RecallRuns, list[str], list[int], list[HeadConfig]]:
     """The untrained runs of :func:`train_group`: every ``configs`` head for every seed
-    (label-major), their labels, seeds and configurations."""
-    plan = [(label, s) for label in configs for s in seeds]
+    (label-major), then the ``extra`` (label, seed) runs; their labels, seeds and configurations."""
+    unknown = [label for label, _ in extra if label not in configs]
+    if unknown:
+        raise KeyError(f"extra runs with labels {unknown} not in configs; labels: {sorted(configs)}")
+    plan = [(label, s) for label in configs for s in seeds] + list(extra)
     cfg = [configs[label] for label, _ in plan]
     runs = RecallRuns(task.d_model, task.n_numbers, [c["d_k"] for c in cfg], [s for _, s in plan],
                       [c.get("search", True) for c in cfg], [c.get("tie_vk", False) for c in cfg], dtype=F64)
@@ -102,10 +105,12 @@ def _build_group(task: PhoneBookTask, configs: dict[str, HeadConfig],
 
 
 def train_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
-                steps: int = 300, batch_size: int = 128, pairing: Pairing = "all") -> SurveyGroup:
+                steps: int = 300, batch_size: int = 128, pairing: Pairing = "all",
+                extra: Sequence[tuple[str, int]] = ()) -> SurveyGroup:
     """Every ``configs`` head (keys ``d_k`` and optionally ``search``, ``tie_vk``, ``weight_decay``,
-    ``loss``, ``target``) for every seed, trained as one :class:`RecallRuns` in float64."""
-    runs, labels, run_seeds, cfg = _build_group(task, configs, seeds)
+    ``loss``, ``target``) for every seed, and the ``extra`` runs ``(label, seed)`` after them,
+    trained as one :class:`RecallRuns` in float64 (each run as it would train alone)."""
+    runs, labels, run_seeds, cfg = _build_group(task, configs, seeds, extra)
     losses = train_recall_runs(
         runs, task, steps=steps, batch_size=batch_size, pairing=pairing,
         weight_decay=[c.get("weight_decay", 0.05) for c in cfg],
@@ -477,9 +482,10 @@ def load_survey_runs(path: str | Path | None = None) -> RecallSurvey:
     return _assemble(seeds, groups)
 
 
-def compare_with_runs(trained: SurveyGroup, stored: SurveyGroup, rel: float = 1e-6) -> int:
-    """Check that every run of ``trained`` has the weights and the losses of the run of
-    ``stored`` with its label and seed (e.g. a seed retrained here against the shipped
+def compare_with_runs(trained: SurveyGroup, stored: SurveyGroup, rel: float = 1e-6,
+                      seeds: Sequence[int] | None = None) -> int:
+    """Check that every run of ``trained`` (of the ``seeds`` listed, or all) has the weights and
+    the losses of the run of ``stored`` with its label and seed (e.g. a seed retrained here against the shipped
     :func:`load_survey_runs`), entry by entry within ``rel`` (relative, or 1e-9 absolute near
     0: the tolerance of :func:`compare_with_survey`, since training carries the rounding of one
     set of kernels to about 1e-11). Raises ``AssertionError`` naming the first difference, as a
@@ -490,6 +496,8 @@ def compare_with_runs(trained: SurveyGroup, stored: SurveyGroup, rel: float = 1e
         raise AssertionError(f"not the same training: {trained.losses.shape[0]} and {stored.losses.shape[0]} steps")
     count = 0
     for r, (label, seed) in enumerate(zip(trained.labels, trained.seeds)):
+        if seeds is not None and seed not in seeds:
+            continue
         if (label, seed) not in where:
             raise AssertionError(f"run {label!r}, seed {seed} is not among the stored runs")
         k = where[label, seed]
@@ -505,4 +513,6 @@ def compare_with_runs(trained: SurveyGroup, stored: SurveyGroup, rel: float = 1e
                 raise AssertionError(f"{key} of run {label!r}, seed {seed}, entry {i}: {off:.1e} of the "
                                      f"stored value apart (allowed: {rel:.0e})")
             count += a.numel()
+    if not count:
+        raise AssertionError(f"no run of seeds {seeds} to compare")
     return count
