@@ -22,7 +22,9 @@ The package's modules: :mod:`~attnlib.recall.task` (the task and its batches),
 :mod:`~attnlib.recall.head` (one head, its training, :func:`block_fractions`) and
 :mod:`~attnlib.recall.runs` (many heads, over seeds and widths, trained at once as one
 batched computation) and :mod:`~attnlib.recall.survey` (every head of chapter 7 over many
-seeds, the per-seed numbers the chapter reports, and their stored table) and
+seeds, the per-seed numbers the chapter reports, and the trained heads of a few seeds, stored)
+and :mod:`~attnlib.recall.table` (the stored table of those numbers, and the checks that
+numbers or heads trained again are the stored ones) and
 :mod:`~attnlib.recall.rates` (a count of seeds as a rate with its interval); every name is
 importable from ``attnlib.recall``.
 """
