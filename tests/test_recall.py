@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from attnlib import attention
 from attnlib.lowrank import ov_circuit, qk_circuit
 from attnlib.recall import (
     CONFIGS,
+    RUN_SEEDS,
     SURVEY_SEEDS,
     TEST_SEED,
     PhoneBookTask,
@@ -24,10 +26,14 @@ from attnlib.recall import (
     binomial_counts,
     binomial_interval,
     block_fractions,
+    compare_with_runs,
     compare_with_survey,
     load_survey,
+    load_survey_runs,
     rate_text,
     save_survey,
+    save_survey_runs,
+    survey_groups,
     survey_numbers,
     train_group,
     train_recall,
@@ -334,6 +340,80 @@ def test_the_stored_table_holds_what_chapter_7_reports() -> None:
     assert ((t["accuracy | 2"] < 0.8).double().mean() >= 0.6)  # a rate, with the chapter's margin
     ceiling = 960 / 1980  # the rank-one search by name
     assert ((t["match read most, every book | 1"] - ceiling).abs() < 0.01).all()
+
+
+def test_a_stored_head_outside_the_chapters_sample_retrains_to_the_stored_weights() -> None:
+    """Chapter 7 reads the stored heads of seeds 0-4 (their numbers checked there against the
+    table) and retrains the main task's heads of seed 0; here a head of another group and seed,
+    the 12-name d_k = 2 head of 150 steps of seed 3, is retrained and equals the stored one."""
+    torch.set_num_threads(1)
+    stored = survey_groups(load_survey_runs())
+    assert list(stored) == ["main", "wide", "more 26 4", "more 13 8", "more 12 4", "parity"]
+    assert sum(len(g.labels) for g in stored.values()) == 24 * len(RUN_SEEDS) == 120
+    group = train_group(TASK12, {"12 4 2": {"d_k": 2}}, [3], steps=150)
+    assert compare_with_runs(group, stored["more 12 4"]) == 150 + sum(p[0].numel() for p in group.runs.state_dict().values())
+
+
+def test_the_stored_heads_save_load_and_refuse(tmp_path: Path) -> None:
+    survey = load_survey_runs()
+    assert survey.seeds == list(RUN_SEEDS) and set(RUN_SEEDS) < set(SURVEY_SEEDS)
+    save_survey_runs(survey, tmp_path / "r.safetensors", seeds=[1, 3])
+    back = load_survey_runs(tmp_path / "r.safetensors")
+    assert back.seeds == [1, 3] and back.untrained.seeds == [1, 3]
+    for name, g in survey_groups(back).items():  # the same runs, bit for bit
+        full = survey_groups(survey)[name]
+        assert g.labels == [lab for lab, s in zip(full.labels, full.seeds) if s in (1, 3)]
+        picked = [r for r, s in enumerate(full.seeds) if s in (1, 3)]
+        assert torch.equal(g.losses, full.losses[:, picked])
+        assert all(torch.equal(v, full.runs.state_dict()[k][picked]) for k, v in g.runs.state_dict().items())
+        assert compare_with_runs(g, full) > 0
+    with pytest.raises(ValueError, match=r"seeds \[7\] are not in the survey"):
+        save_survey_runs(survey, tmp_path / "x.safetensors", seeds=[0, 7])
+    with pytest.raises(FileNotFoundError, match="no saved runs"):
+        load_survey_runs(tmp_path / "missing.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({"main.w_q": torch.zeros(1)}, str(tmp_path / "bare.safetensors"))
+    with pytest.raises(ValueError, match="not written by save_survey_runs"):
+        load_survey_runs(tmp_path / "bare.safetensors")
+    # a group whose runs are not train_survey's plan, and a group train_survey has not
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(tmp_path / "r.safetensors"), "pt") as f:
+        meta = json.loads(f.metadata()["attnlib.recall"])
+    tensors = load_file(str(tmp_path / "r.safetensors"))
+    meta["groups"]["wide"]["labels"].reverse()
+    save_file(tensors, str(tmp_path / "t.safetensors"), metadata={"attnlib.recall": json.dumps(meta)})
+    with pytest.raises(ValueError, match="group 'wide' holds other runs"):
+        load_survey_runs(tmp_path / "t.safetensors")
+    meta["groups"]["wide 2"] = meta["groups"].pop("wide")
+    save_file(tensors, str(tmp_path / "t.safetensors"), metadata={"attnlib.recall": json.dumps(meta)})
+    with pytest.raises(ValueError, match="unknown group 'wide 2'"):
+        load_survey_runs(tmp_path / "t.safetensors")
+    # the comparison refuses a moved weight, a moved loss, a run it lacks, another length
+    main = survey_groups(back)["main"]
+    with torch.no_grad():
+        main.runs.w_o[5, 0, 2] *= 1 + 1e-5
+    with pytest.raises(AssertionError, match=r"w_o of run '4', seed 3, entry 2: 1.0e-05 of the stored value apart \(allowed: 1e-06\)"):
+        compare_with_runs(main, survey.main)
+    main.losses[299, 0] *= 1 + 1e-5
+    with pytest.raises(AssertionError, match=r"losses of run '1', seed 1, entry 299"):
+        compare_with_runs(main, survey.main)
+    with pytest.raises(AssertionError, match="run '1', seed 0 is not among the stored runs"):
+        compare_with_runs(survey.main, main)
+    short = train_group(TASK12, {"2": {"d_k": 2}}, [0], steps=2, extra=[("2", 44)])
+    assert short.labels == ["2", "2"] and short.seeds == [0, 44]
+    with pytest.raises(AssertionError, match="not the same training: 2 and 300 steps"):
+        compare_with_runs(short, survey.main)
+    # only the listed seeds' runs are compared; none listed is no comparison
+    par = survey_groups(back)["parity"]
+    assert compare_with_runs(par, survey.parity, seeds=[3]) == compare_with_runs(par, survey.parity, seeds=[3, 9])
+    assert 2 * compare_with_runs(par, survey.parity, seeds=[3]) == compare_with_runs(par, survey.parity)
+    with pytest.raises(AssertionError, match=r"no run of seeds \[9\] to compare"):
+        compare_with_runs(par, survey.parity, seeds=[9])
+    with pytest.raises(KeyError, match=r"extra runs with labels \['3'\] not in configs"):
+        train_group(TASK12, {"2": {"d_k": 2}}, [0], steps=1, extra=[("3", 44)])
 
 
 def test_survey_errors() -> None:

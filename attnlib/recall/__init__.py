@@ -22,7 +22,9 @@ The package's modules: :mod:`~attnlib.recall.task` (the task and its batches),
 :mod:`~attnlib.recall.head` (one head, its training, :func:`block_fractions`) and
 :mod:`~attnlib.recall.runs` (many heads, over seeds and widths, trained at once as one
 batched computation) and :mod:`~attnlib.recall.survey` (every head of chapter 7 over many
-seeds, the per-seed numbers the chapter reports, and their stored table) and
+seeds, the per-seed numbers the chapter reports, and the trained heads of a few seeds, stored)
+and :mod:`~attnlib.recall.table` (the stored table of those numbers, and the checks that
+numbers or heads trained again are the stored ones) and
 :mod:`~attnlib.recall.rates` (a count of seeds as a rate with its interval); every name is
 importable from ``attnlib.recall``.
 """
@@ -31,14 +33,19 @@ from attnlib.recall.head import RecallHead, block_fractions, train_recall
 from attnlib.recall.runs import RecallRuns, train_recall_runs
 from attnlib.recall.survey import (
     CONFIGS,
+    RUN_SEEDS,
     SURVEY_SEEDS,
     TEST_SEED,
     RecallSurvey,
     SurveyGroup,
     SurveyTable,
+    compare_with_runs,
     compare_with_survey,
     load_survey,
+    load_survey_runs,
     save_survey,
+    save_survey_runs,
+    survey_groups,
     survey_numbers,
     train_group,
     train_survey,
@@ -66,6 +73,11 @@ __all__ = [
     "save_survey",
     "load_survey",
     "compare_with_survey",
+    "RUN_SEEDS",
+    "survey_groups",
+    "save_survey_runs",
+    "load_survey_runs",
+    "compare_with_runs",
     "binomial_interval",
     "binomial_counts",
     "rate_text",

@@ -3,12 +3,14 @@ it reports (chapter 7).
 
 A claim about training holds for a rate of seeds, not for the few a page can afford to train.
 :func:`train_survey` trains, for a list of seeds, every head of chapter 7 (the widths, the
-never-searching control, the tied heads, the other tasks and the parity heads) as four batched
+never-searching control, the tied heads, the other tasks and the parity heads) as six batched
 computations; :func:`survey_numbers` measures each of them on fixed test books and returns one
 value per seed for each measurement. ``scripts/train_recall_survey.py`` does this for the seeds
 :data:`SURVEY_SEEDS` and stores the result with the package (``survey.json``, read by
-:func:`load_survey`); the chapter trains a sample of those seeds itself and checks, with
-:func:`compare_with_survey`, that its numbers are the stored ones.
+:func:`load_survey`), with the trained heads of the seeds :data:`RUN_SEEDS` (``runs.safetensors``,
+read by :func:`load_survey_runs`). The chapter reads those heads and checks, with
+:func:`compare_with_survey`, that their numbers are the stored ones; it retrains a sample of them
+and checks, with :func:`compare_with_runs`, that training gives the stored heads.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from torch import Tensor
 
 from attnlib.recall.head import Loss, block_fractions
 from attnlib.recall.runs import RecallRuns, Target, train_recall_runs
+from attnlib.recall.table import (DIGITS, SHIPPED, SurveyTable, compare_with_runs, compare_with_survey, load_survey,
+                                  save_survey)
 from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 
 __all__ = ["SURVEY_SEEDS", "CONFIGS", "HeadConfig", "TEST_SEED", "SurveyGroup", "RecallSurvey", "SurveyTable",
            "train_group", "train_survey", "survey_numbers", "load_survey", "save_survey",
-           "compare_with_survey"]
+           "compare_with_survey", "RUN_SEEDS", "survey_groups", "save_survey_runs", "load_survey_runs",
+           "compare_with_runs"]
 
 SURVEY_SEEDS = tuple(range(40))  # the seeds of the stored table
 TEST_SEED = 1000  # the test books' generator: no training seed
@@ -87,20 +92,33 @@ class SurveyGroup:
         return found
 
 
-def train_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
-                steps: int = 300, batch_size: int = 128, pairing: Pairing = "all") -> SurveyGroup:
-    """Every ``configs`` head (keys ``d_k`` and optionally ``search``, ``tie_vk``, ``weight_decay``,
-    ``loss``, ``target``) for every seed, trained as one :class:`RecallRuns` in float64."""
-    plan = [(label, s) for label in configs for s in seeds]
+def _build_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
+                 extra: Sequence[tuple[str, int]] = ()) -> tuple[RecallRuns, list[str], list[int], list[HeadConfig]]:
+    """The untrained runs of :func:`train_group`: every ``configs`` head for every seed
+    (label-major), then the ``extra`` (label, seed) runs; their labels, seeds and configurations."""
+    unknown = [label for label, _ in extra if label not in configs]
+    if unknown:
+        raise KeyError(f"extra runs with labels {unknown} not in configs; labels: {sorted(configs)}")
+    plan = [(label, s) for label in configs for s in seeds] + list(extra)
     cfg = [configs[label] for label, _ in plan]
     runs = RecallRuns(task.d_model, task.n_numbers, [c["d_k"] for c in cfg], [s for _, s in plan],
                       [c.get("search", True) for c in cfg], [c.get("tie_vk", False) for c in cfg], dtype=F64)
+    return runs, [label for label, _ in plan], [s for _, s in plan], cfg
+
+
+def train_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],
+                steps: int = 300, batch_size: int = 128, pairing: Pairing = "all",
+                extra: Sequence[tuple[str, int]] = ()) -> SurveyGroup:
+    """Every ``configs`` head (keys ``d_k`` and optionally ``search``, ``tie_vk``, ``weight_decay``,
+    ``loss``, ``target``) for every seed, and the ``extra`` runs ``(label, seed)`` after them,
+    trained as one :class:`RecallRuns` in float64 (each run as it would train alone)."""
+    runs, labels, run_seeds, cfg = _build_group(task, configs, seeds, extra)
     losses = train_recall_runs(
         runs, task, steps=steps, batch_size=batch_size, pairing=pairing,
         weight_decay=[c.get("weight_decay", 0.05) for c in cfg],
         loss=[c.get("loss", "squared") for c in cfg],
         target=[c.get("target", "centred") for c in cfg])
-    return SurveyGroup(task, runs, [label for label, _ in plan], [s for _, s in plan], losses)
+    return SurveyGroup(task, runs, labels, run_seeds, losses)
 
 
 @dataclass
@@ -118,23 +136,54 @@ class RecallSurvey:
     parity: SurveyGroup | None
 
 
-def train_survey(seeds: Sequence[int], main_only: bool = False) -> RecallSurvey:
-    """Train every head of chapter 7 for each seed (deterministic on one thread); with
-    ``main_only``, only ``main`` (and ``untrained``): the other groups are left empty."""
+def _survey_plan() -> dict[str, tuple[PhoneBookTask, dict[str, HeadConfig], int, Pairing]]:
+    """The batched trainings of :func:`train_survey`: name -> (task, heads, steps, pairing)."""
+    plan: dict[str, tuple[PhoneBookTask, dict[str, HeadConfig], int, Pairing]] = {
+        "main": (TASK, CONFIGS, 300, "all"),
+        "wide": (PhoneBookTask(n_names=14, n_numbers=4, n_pairs=4),
+                 {"centred": {"d_k": 3}, "one-hot": {"d_k": 3, "target": "one_hot"}}, 300, "all")}
+    for (n, m), widths in MORE.items():
+        plan[f"more {n} {m}"] = (PhoneBookTask(n_names=n, n_numbers=m, n_pairs=4),
+                                 {f"{n} {m} {d}": {"d_k": d} for d in widths}, 150, "all")
+    plan["parity"] = (TASK, {f"parity {d}": {"d_k": d} for d in (16, 8, 4)}, 300, "even")
+    return plan
+
+
+def _untrained(seeds: Sequence[int]) -> RecallRuns:
+    return RecallRuns(TASK.d_model, TASK.n_numbers, [16] * len(seeds), list(seeds), dtype=F64)
+
+
+def _check_seeds(seeds: Sequence[int]) -> list[int]:
     seeds = list(seeds)
     if not seeds or len(set(seeds)) != len(seeds) or TEST_SEED in seeds:
         raise ValueError(f"seeds must be distinct, non-empty and exclude the test seed {TEST_SEED}, got {seeds}")
-    main = train_group(TASK, CONFIGS, seeds)
-    untrained = RecallRuns(TASK.d_model, TASK.n_numbers, [16] * len(seeds), seeds, dtype=F64)
-    if main_only:
-        return RecallSurvey(seeds, main, untrained, None, {}, None)
-    t14 = PhoneBookTask(n_names=14, n_numbers=4, n_pairs=4)
-    wide = train_group(t14, {"centred": {"d_k": 3}, "one-hot": {"d_k": 3, "target": "one_hot"}}, seeds)
-    more = {(n, m): train_group(PhoneBookTask(n_names=n, n_numbers=m, n_pairs=4),
-                                {f"{n} {m} {d}": {"d_k": d} for d in widths}, seeds, steps=150)
-            for (n, m), widths in MORE.items()}
-    parity = train_group(TASK, {f"parity {d}": {"d_k": d} for d in (16, 8, 4)}, seeds, pairing="even")
-    return RecallSurvey(seeds, main, untrained, wide, more, parity)
+    return seeds
+
+
+def _assemble(seeds: list[int], groups: dict[str, SurveyGroup]) -> RecallSurvey:
+    more = {(g.task.n_names, g.task.n_numbers): g for name, g in groups.items() if name.startswith("more ")}
+    return RecallSurvey(seeds, groups["main"], _untrained(seeds), groups.get("wide"), more, groups.get("parity"))
+
+
+def survey_groups(s: RecallSurvey) -> dict[str, SurveyGroup]:
+    """The trained groups of ``s`` by name: ``"main"``, ``"wide"``, ``"more 26 4"``,
+    ``"more 13 8"``, ``"more 12 4"``, ``"parity"`` (only ``"main"`` for a ``main_only`` survey)."""
+    out = {"main": s.main}
+    if s.wide is not None:
+        out["wide"] = s.wide
+    out.update({f"more {n} {m}": g for (n, m), g in s.more.items()})
+    if s.parity is not None:
+        out["parity"] = s.parity
+    return out
+
+
+def train_survey(seeds: Sequence[int], main_only: bool = False) -> RecallSurvey:
+    """Train every head of chapter 7 for each seed (deterministic on one thread); with
+    ``main_only``, only ``main`` (and ``untrained``): the other groups are left empty."""
+    seeds = _check_seeds(seeds)
+    groups = {name: train_group(task, configs, seeds, steps=steps, pairing=pairing)
+              for name, (task, configs, steps, pairing) in _survey_plan().items() if name == "main" or not main_only}
+    return _assemble(seeds, groups)
 
 
 def _test(task: PhoneBookTask, pairing: Pairing = "all", seed: int = TEST_SEED, n: int = 1000) -> RecallBatch:
@@ -206,7 +255,9 @@ def survey_numbers(s: RecallSurvey) -> dict[str, list[float]]:
     seen_counts, unseen_right = [], []
     for k, seed in enumerate(s.seeds):
         gen = torch.Generator().manual_seed(seed)
-        seen = torch.cat([_book_code(*TASK.draw(128, gen), TASK.n_names, TASK.n_numbers) for _ in range(300)])
+        draws = [TASK.draw(128, gen) for _ in range(300)]  # its training stream, regenerated
+        names_t, numbers_t, slot_t = (torch.cat(part) for part in zip(*draws))
+        seen = _book_code(names_t, numbers_t, slot_t, TASK.n_names, TASK.n_numbers)
         unseen = ~torch.isin(code, seen)
         seen_counts.append(float((~unseen).sum()))
         unseen_right.append(float(bool((y16[k][unseen] == test.target[unseen]).all())))
@@ -318,59 +369,58 @@ def survey_numbers(s: RecallSurvey) -> dict[str, list[float]]:
     return out
 
 
-# ---- the stored table -----------------------------------------------------------------------
-SHIPPED = "survey.json"
-DIGITS = 12  # significant digits stored: far below every printed digit, far above rounding
+# ---- the trained weights of a few seeds, shipped with the package --------------------------------
+RUN_SEEDS = (0, 1, 2, 3, 4)  # the seeds whose trained heads ship (runs.safetensors)
+SHIPPED_RUNS = "runs.safetensors"
+_META = "attnlib.recall"
 
 
-@dataclass(frozen=True)
-class SurveyTable:
-    """Per-seed numbers: ``numbers[key][k]`` belongs to ``seeds[k]``."""
+def save_survey_runs(s: RecallSurvey, path: str | Path, seeds: Sequence[int] = RUN_SEEDS) -> None:
+    """Write the trained weights and losses of ``s``'s runs for ``seeds`` (a subset of
+    ``s.seeds``, in their order there) to a safetensors file, every group of ``s``, with each
+    group's labels and seeds as metadata (what :func:`load_survey_runs` reads)."""
+    from safetensors.torch import save_file
 
-    seeds: tuple[int, ...]
-    numbers: dict[str, list[float]]
-
-    def __getitem__(self, key: str) -> Tensor:
-        """One measurement over every seed, ``(S,)`` float64."""
-        if key not in self.numbers:
-            raise KeyError(f"no measurement {key!r} in the table")
-        return torch.tensor(self.numbers[key], dtype=F64)
-
-    def of(self, key: str, seeds: Sequence[int]) -> Tensor:
-        """One measurement for the listed seeds, in their order."""
-        missing = [s for s in seeds if s not in self.seeds]
-        if missing:
-            raise KeyError(f"seeds {missing} are not in the table (it holds {self.seeds[0]}..{self.seeds[-1]})")
-        return self[key][[self.seeds.index(s) for s in seeds]]
-
-
-def save_survey(numbers: dict[str, list[float]], seeds: Sequence[int], path: str | Path) -> None:
-    """Write a table of :func:`survey_numbers` (``DIGITS`` significant digits) as JSON."""
-    body = {"seeds": list(seeds), "numbers": {k: [float(f"{v:.{DIGITS}g}") for v in vals] for k, vals in numbers.items()}}
-    Path(path).write_text(json.dumps(body, indent=0, sort_keys=True) + "\n")
+    keep = [x for x in s.seeds if x in set(seeds)]
+    if sorted(keep) != sorted(seeds):
+        raise ValueError(f"seeds {sorted(set(seeds) - set(s.seeds))} are not in the survey (seeds {s.seeds})")
+    tensors: dict[str, Tensor] = {}
+    meta: dict[str, object] = {"seeds": keep, "groups": {}}
+    for name, g in survey_groups(s).items():
+        pick = [r for r, x in enumerate(g.seeds) if x in keep]
+        for key, value in g.runs.state_dict().items():
+            tensors[f"{name}.{key}"] = value[pick].contiguous()
+        tensors[f"{name}.losses"] = g.losses[:, pick].contiguous()
+        meta["groups"][name] = {"labels": [g.labels[r] for r in pick], "seeds": [g.seeds[r] for r in pick]}  # type: ignore[index]
+    save_file(tensors, str(path), metadata={_META: json.dumps(meta)})
 
 
-def load_survey(path: str | Path | None = None) -> SurveyTable:
-    """The table at ``path``; by default the one stored with attnlib (seeds :data:`SURVEY_SEEDS`)."""
-    path = Path(__file__).with_name(SHIPPED) if path is None else Path(path)
-    body = json.loads(path.read_text())
-    return SurveyTable(tuple(body["seeds"]), body["numbers"])
+def load_survey_runs(path: str | Path | None = None) -> RecallSurvey:
+    """The trained runs stored by :func:`save_survey_runs`, as a :class:`RecallSurvey`; by
+    default the heads of seeds :data:`RUN_SEEDS` that ``scripts/train_recall_survey.py``
+    trained (the same training as the stored table), shipped with attnlib. Each group is
+    rebuilt from :func:`train_survey`'s plan, and its labels and seeds must be the stored ones."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
 
-
-def compare_with_survey(numbers: dict[str, list[float]], seeds: Sequence[int], table: SurveyTable,
-                        rel: float = 1e-6) -> int:
-    """Check that ``numbers`` (from :func:`survey_numbers` for ``seeds``) are the table's, key by
-    key and seed by seed, within ``rel`` (relative, or 1e-9 absolute near 0). Shares of a fixed
-    test set are multiples of 1/1000 (or 1/100000), so one book answered otherwise misses by far
-    more; the rest (weights, errors, norms) move only by rounding, which training carried to
-    about 1e-11 between the CPU's fastest kernels and PyTorch's portable ones. Raises
-    ``AssertionError`` naming the first difference (or a measurement the table lacks); returns
-    how many numbers agreed."""
-    unknown = sorted(set(numbers) - set(table.numbers))
-    if unknown:
-        raise AssertionError(f"measurements not in the table: {unknown}")
-    for key, values in numbers.items():
-        for seed, v, w in zip(seeds, values, table.of(key, seeds).tolist()):
-            if not math.isclose(v, w, rel_tol=rel, abs_tol=1e-9):
-                raise AssertionError(f"{key!r}, seed {seed}: {v!r} here, {w!r} in the table")
-    return len(numbers) * len(seeds)
+    path = Path(__file__).with_name(SHIPPED_RUNS) if path is None else Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no saved runs at {path}")
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads((f.metadata() or {}).get(_META, "null"))
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} holds no {_META} metadata: not written by save_survey_runs")
+    state = load_file(str(path))
+    seeds, plan, groups = list(meta["seeds"]), _survey_plan(), {}
+    for name, stored in meta["groups"].items():
+        if name not in plan:
+            raise ValueError(f"{path}: unknown group {name!r}; train_survey's groups: {sorted(plan)}")
+        task, configs, _, _ = plan[name]
+        runs, labels, run_seeds, _ = _build_group(task, configs, seeds)
+        if (labels, run_seeds) != (stored["labels"], stored["seeds"]):
+            raise ValueError(f"{path}: group {name!r} holds other runs than train_survey's plan for seeds {seeds}")
+        runs.load_state_dict({key: state[f"{name}.{key}"] for key in runs.state_dict()})
+        groups[name] = SurveyGroup(task, runs, labels, run_seeds, state[f"{name}.losses"])
+    if "main" not in groups:
+        raise ValueError(f"{path} holds no 'main' group")
+    return _assemble(seeds, groups)
