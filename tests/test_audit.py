@@ -306,6 +306,12 @@ def test_diagnose_shares_the_candidates_outputs_only_while_the_weights_are_the_s
         ref.w_v.mul_(1.5)  # (W^Q and W^K would change the probes too)
     changed = reports(8)
     assert len(computed) > before and changed != alone and changed == reports(0)
+    monkeypatch.setattr(matcher, "SHARED_BYTES", 0)  # over the budget: only the table in use is kept
+    reports(8)
+    with torch.no_grad():
+        ref.w_v.mul_(2.0)
+    reports(8)
+    assert len(matcher._SHARED) == 1
 
 
 def test_pairs_false_finds_no_pair() -> None:

@@ -4,6 +4,7 @@ a module's outputs on every probe, under some convention for the queries that re
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -44,15 +45,26 @@ RecipeOutputs = dict[tuple[Recipe, int], dict[str, Tensor] | Raised]
 SHARED_CALLS = 8
 """How many (reference, probes, call form) combinations :func:`shared_outputs` keeps."""
 
+SHARED_BYTES = 64 * 2**20
+"""At most this many bytes of outputs kept for the earlier combinations (a layer of width
+256 fills about 3 MB)."""
+
 _SHARED: OrderedDict[Hashable, RecipeOutputs] = OrderedDict()
 
 
 def _content(t: Tensor | None) -> Hashable:
-    """A tensor's exact content (dtype, device, shape, bytes): equal keys, equal tensors."""
+    """A tensor's content: dtype, device, shape and a 256-bit BLAKE2 digest of its bytes (not
+    the bytes themselves: a large layer's weights would be copied into the key)."""
     if t is None:
         return None
     t = t.detach()
-    return str(t.dtype), str(t.device), tuple(t.shape), t.cpu().contiguous().numpy().tobytes()
+    digest = hashlib.blake2b(t.cpu().contiguous().numpy().data, digest_size=32).digest()
+    return str(t.dtype), str(t.device), tuple(t.shape), digest
+
+
+def _nbytes(table: RecipeOutputs) -> int:
+    return sum(t.numel() * t.element_size() for outs in table.values() if isinstance(outs, dict)
+               for t in outs.values())
 
 
 def _outputs_key(w64: ReferenceParams, probes: Sequence[Probe], causal: bool, padding: bool) -> Hashable:
@@ -74,12 +86,12 @@ def shared_outputs(w64: ReferenceParams, probes: Sequence[Probe], causal: bool, 
     between :func:`~attnlib.audit.diagnose` calls that audit several modules against one
     reference. Keyed by the tensors' exact values, not their identity: a reference whose
     weights changed in place gets a fresh (empty) table. The last :data:`SHARED_CALLS`
-    combinations are kept."""
+    combinations are kept, within :data:`SHARED_BYTES`."""
     key = _outputs_key(w64, probes, causal, padding)
     table = _SHARED.pop(key, {})
     _SHARED[key] = table  # the most recent last
-    while len(_SHARED) > SHARED_CALLS:
-        _SHARED.popitem(last=False)
+    while len(_SHARED) > SHARED_CALLS or (len(_SHARED) > 1 and sum(map(_nbytes, _SHARED.values())) > SHARED_BYTES):
+        _SHARED.popitem(last=False)  # the oldest first (over the bytes: never the one asked for)
     return table
 
 
