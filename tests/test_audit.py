@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from attnlib import MultiHeadAttention, SeparateHeadsAttention
+from attnlib.audit import matcher
 from attnlib.audit import (
     BUGS, BUGS_BY_NAME, PAIRS, AuditReport, assert_attention_matches, diagnose, planted, probe_inputs,
 )
@@ -278,6 +279,39 @@ def test_diagnose_restores_the_number_of_threads() -> None:
     with pytest.raises(ValueError):
         diagnose(lambda x, m: x[..., :1], ref)
     assert torch.get_num_threads() == before
+
+
+def test_diagnose_shares_the_candidates_outputs_only_while_the_weights_are_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Modules audited against one reference reuse the candidates' outputs: the reports are
+    those of calls that share nothing, a repeated call computes no candidate, and a reference
+    changed in place (a training step) gets its candidates computed afresh."""
+    ref = reference()
+    modules = [learner(ref, "missing_scale"), learner(ref, "mask_inverted")]
+    computed: list[int] = []
+    run_recipe = matcher.run_recipe
+    monkeypatch.setattr(matcher, "run_recipe", lambda *a, **k: computed.append(1) or run_recipe(*a, **k))
+    monkeypatch.setattr(matcher, "_SHARED", matcher.OrderedDict())
+
+    def reports(shared: int) -> list[str]:
+        monkeypatch.setattr(matcher, "SHARED_CALLS", shared)
+        return [str(diagnose(module, ref, pairs=False)) for module in modules]
+
+    alone = reports(0)
+    assert alone[0] != alone[1] and reports(8) == alone
+    before = len(computed)
+    assert reports(8) == alone and len(computed) == before  # all shared: nothing computed
+    with torch.no_grad():  # the same modules, a changed reference: their reports change
+        ref.w_v.mul_(1.5)  # (W^Q and W^K would change the probes too)
+    changed = reports(8)
+    assert len(computed) > before and changed != alone and changed == reports(0)
+    monkeypatch.setattr(matcher, "SHARED_BYTES", 0)  # over the budget: only the table in use is kept
+    reports(8)
+    with torch.no_grad():
+        ref.w_v.mul_(2.0)
+    reports(8)
+    assert len(matcher._SHARED) == 1
 
 
 def test_pairs_false_finds_no_pair() -> None:

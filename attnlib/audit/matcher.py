@@ -4,8 +4,10 @@ a module's outputs on every probe, under some convention for the queries that re
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 
 import torch
 from torch import Tensor
@@ -16,7 +18,10 @@ from attnlib.audit.engine import CONVENTIONS, ReferenceParams, run_recipe
 from attnlib.audit.probes import Probe
 from attnlib.audit.report import PADDED_ROWS
 
-__all__ = ["Matcher", "Output", "Raised", "has_blocked_lines", "padded_rows", "recipes_of", "right_output", "rows_of"]
+__all__ = [
+    "Matcher", "Output", "Raised", "has_blocked_lines", "padded_rows", "recipes_of", "right_output", "rows_of",
+    "shared_outputs",
+]
 
 
 class Raised:
@@ -34,22 +39,79 @@ def rows_of(t: Tensor, p: Probe) -> Tensor:
     return t if p.rows is None else t[p.rows]
 
 
+RecipeOutputs = dict[tuple[Recipe, int], dict[str, Tensor] | Raised]
+"""A recipe's outputs on each probe, by ``(recipe, probe index)``."""
+
+SHARED_CALLS = 8
+"""How many (reference, probes, call form) combinations :func:`shared_outputs` keeps."""
+
+SHARED_BYTES = 64 * 2**20
+"""At most this many bytes of outputs kept for the earlier combinations (a layer of width
+256 fills about 3 MB)."""
+
+_SHARED: OrderedDict[Hashable, RecipeOutputs] = OrderedDict()
+
+
+def _content(t: Tensor | None) -> Hashable:
+    """A tensor's content: dtype, device, shape and a 256-bit BLAKE2 digest of its bytes (not
+    the bytes themselves: a large layer's weights would be copied into the key)."""
+    if t is None:
+        return None
+    t = t.detach()
+    digest = hashlib.blake2b(t.cpu().contiguous().numpy().data, digest_size=32).digest()
+    return str(t.dtype), str(t.device), tuple(t.shape), digest
+
+
+def _nbytes(table: RecipeOutputs) -> int:
+    return sum(t.numel() * t.element_size() for outs in table.values() if isinstance(outs, dict)
+               for t in outs.values())
+
+
+def _outputs_key(w64: ReferenceParams, probes: Sequence[Probe], causal: bool, padding: bool) -> Hashable:
+    """Everything :func:`~attnlib.audit.engine.run_recipe` reads besides the recipe: the weights
+    and biases by value, the reference's options, each probe's inputs by value, the call form,
+    and the global settings that change its arithmetic (torch's default dtype, autocast)."""
+    device = w64.w["q"].device.type
+    autocast = torch.is_autocast_enabled(device) and str(torch.get_autocast_dtype(device))
+    return (
+        tuple((_content(w64.w[r]), _content(w64.b[r])) for r in "qkvo"),
+        w64.num_heads, w64.num_kv_heads, w64.rope_base, w64.alibi,
+        tuple((_content(p.x), _content(p.context), _content(p.mask)) for p in probes),
+        causal, padding, str(torch.get_default_dtype()), autocast,
+    )
+
+
+def shared_outputs(w64: ReferenceParams, probes: Sequence[Probe], causal: bool, padding: bool) -> RecipeOutputs:
+    """The recipe outputs already computed for these weights, probes and call form, to share
+    between :func:`~attnlib.audit.diagnose` calls that audit several modules against one
+    reference. Keyed by the tensors' exact values, not their identity: a reference whose
+    weights changed in place gets a fresh (empty) table. The last :data:`SHARED_CALLS`
+    combinations are kept, within :data:`SHARED_BYTES`."""
+    key = _outputs_key(w64, probes, causal, padding)
+    table = _SHARED.pop(key, {})
+    _SHARED[key] = table  # the most recent last
+    while len(_SHARED) > SHARED_CALLS or (len(_SHARED) > 1 and sum(map(_nbytes, _SHARED.values())) > SHARED_BYTES):
+        _SHARED.popitem(last=False)  # the oldest first (over the bytes: never the one asked for)
+    return table
+
+
 class Matcher:
-    """Does a recipe reproduce target outputs on every probe, for some blocked-line convention?"""
+    """Does a recipe reproduce target outputs on every probe, for some blocked-line convention?
+
+    ``cache``: the recipe outputs to start from and add to (:func:`shared_outputs`); a new
+    table by default."""
 
     def __init__(
         self, w64: ReferenceParams, probes: list[Probe], causal: bool, padding: bool, rtol: float,
-        every_row: bool = False,
+        every_row: bool = False, cache: RecipeOutputs | None = None,
     ) -> None:
         self.w64, self.probes, self.causal, self.padding, self.rtol = w64, probes, causal, padding, rtol
         self.every_row = every_row  # compare the padded queries' rows too
-        self.cache: dict[tuple[Recipe, int], dict[str, Tensor] | Raised] = {}
+        self.cache: RecipeOutputs = {} if cache is None else cache
 
     def with_rtol(self, rtol: float, every_row: bool = False) -> Matcher:
         """The same matcher (sharing the computed outputs) at another tolerance."""
-        other = Matcher(self.w64, self.probes, self.causal, self.padding, rtol, every_row)
-        other.cache = self.cache
-        return other
+        return Matcher(self.w64, self.probes, self.causal, self.padding, rtol, every_row, self.cache)
 
     def outputs(self, r: Recipe, i: int) -> dict[str, Tensor] | Raised:
         key = (r, i)

@@ -18,7 +18,7 @@ from attnlib.audit.checks import (
 )
 from attnlib.audit.engine import CONVENTIONS, Forward, ReferenceParams, modes_of
 from attnlib.audit.matcher import (
-    Matcher, Output, Raised, has_blocked_lines, padded_rows, right_output,
+    Matcher, Output, Raised, has_blocked_lines, padded_rows, right_output, shared_outputs,
 )
 from attnlib.audit.probes import LARGE_SCORES, Probe, make_probes
 from attnlib.audit.report import AuditReport, fmt_error, hint_for
@@ -322,7 +322,7 @@ def _search(
     rtol = tolerance(rtol, ref_dtype, out_dtype, reference, w64, probes, compute_dtype)
 
     # 2. the right layer in float64, checked against the reference's own forward
-    m = Matcher(w64, probes, causal, padding, rtol)
+    m = Matcher(w64, probes, causal, padding, rtol, cache=shared_outputs(w64, probes, causal, padding))
     right = [right_output(m.outputs(Recipe(), i)) for i in range(len(probes))]
     for p, a, e in zip(probes, right, expected):
         if relative_error(e, a) > max(rtol, default_rtol(ref_dtype)):
