@@ -22,6 +22,7 @@ it), so chapter 4's :func:`attnlib.qk_circuit` and :func:`attnlib.ov_circuit` re
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 
 from attnlib.checks import check_index, check_positive_int, check_tensor, format_shape
 from attnlib.records import AttentionWeights
-from attnlib.attention import attention, causal_mask
+from attnlib.attention import _masked_softmax, causal_mask
 from attnlib.induction.data import RepeatTask
 from attnlib.multihead import MultiHeadAttention
 
@@ -113,6 +114,12 @@ class InductionRuns(nn.Module):
         :math:`\text{parts}_{h,0} W_E[t_j] + \text{parts}_{h,1} W_{pos}[j]` instead of
         :math:`x^{(0)}_j`, so ``(1, 0)`` lets it copy only the token, ``(0, 1)`` only the position.
         """
+        self._check_inputs(tokens, keep, parts)
+        return self._forward(tokens, keep, parts)
+
+    def _check_inputs(self, tokens: Tensor, keep: Tensor | None = None, parts: Tensor | None = None) -> None:
+        """Raise unless :meth:`forward` can read ``tokens``, ``keep`` and ``parts`` (shapes,
+        dtype, ids in the vocabulary)."""
         R, T = self.n_runs, self.task.seq_len
         check_tensor("tokens", tokens)
         if tokens.dtype != torch.long or tokens.dim() != 3 or tokens.shape[0] != R or tokens.shape[2] != T:
@@ -120,17 +127,23 @@ class InductionRuns(nn.Module):
                              f"got {tokens.dtype} {format_shape(tokens)}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.task.n_vocab):
             raise ValueError(f"tokens must be ids in 0 .. {self.task.n_vocab - 1}")
-        if keep is None:
-            keep = torch.ones(R, N_LAYERS, self.num_heads, dtype=self.embed.dtype)
-        elif check_tensor("keep", keep).shape != (R, N_LAYERS, self.num_heads):
+        if keep is not None and check_tensor("keep", keep).shape != (R, N_LAYERS, self.num_heads):
             raise ValueError(f"keep must have shape (R, 2, h) = ({R}, {N_LAYERS}, {self.num_heads}), "
                              f"got {format_shape(keep)}")
         if parts is not None and check_tensor("parts", parts).shape != (R, self.num_heads, 2):
             raise ValueError(f"parts must have shape (R, h, 2) = ({R}, {self.num_heads}, 2), got {format_shape(parts)}")
+
+    def _forward(self, tokens: Tensor, keep: Tensor | None, parts: Tensor | None) -> tuple[Tensor, list[Tensor]]:
+        """:meth:`forward` without its checks (:meth:`_check_inputs`): what :func:`train_induction`
+        calls at each step, on batches it checked once. Each layer's attention is
+        :func:`attnlib.attention`'s computation, its scores' softmax the one masked softmax of
+        attnlib; ``keep=None`` multiplies no head (the same numbers as a ``keep`` of ones)."""
+        R, T = self.n_runs, self.task.seq_len
         B = tokens.shape[1]
         run = torch.arange(R).view(R, 1, 1)  # (R, 1, 1)
         x = self.embed[run, tokens] + self.pos[:, None]  # (R, B, T, d_model)
-        mask = causal_mask(T)  # (T, T), True = may attend
+        mask = causal_mask(T)  # (T, T), True = may attend; no row is empty
+        scale = 1.0 / math.sqrt(self.d_k)
         maps = []
         for l in range(N_LAYERS):
             q = self._split(x @ self.w_q[:, None, l])  # (R, B, h, T, d_k)
@@ -140,8 +153,10 @@ class InductionRuns(nn.Module):
                 token, place = self.embed[run, tokens], self.pos[:, None].expand(R, B, T, -1)  # (R, B, T, d_model)
                 v = (parts[:, None, :, 0, None, None] * self._split(token @ self.w_v[:, None, 0])
                      + parts[:, None, :, 1, None, None] * self._split(place @ self.w_v[:, None, 0]))  # (R, B, h, T, d_k)
-            heads, a = attention(q, k, v, mask)  # (R, B, h, T, d_k), (R, B, h, T, T)
-            heads = heads * keep[:, l].view(R, 1, self.num_heads, 1, 1).to(heads.dtype)
+            a = _masked_softmax((q @ k.transpose(-2, -1)) * scale, mask)  # (R, B, h, T, T)
+            heads = a @ v  # (R, B, h, T, d_k)
+            if keep is not None:
+                heads = heads * keep[:, l].view(R, 1, self.num_heads, 1, 1).to(heads.dtype)
             concat = heads.transpose(2, 3).reshape(R, B, T, self.d_model)  # (R, B, T, h d_k)
             x = x + concat @ self.w_o[:, None, l]  # (R, B, T, d_model)
             maps.append(a)
@@ -226,7 +241,9 @@ def train_induction(
     losses = torch.empty(steps, R)
     for step in range(steps):
         tokens = torch.stack([task.sample(batch_size, g).tokens for g in gens])  # (R, B, T)
-        logits, _ = runs(tokens)  # (R, B, T, V)
+        if step == 0:  # every batch is drawn alike (task.sample): checked once, then read unchecked
+            runs._check_inputs(tokens)
+        logits, _ = runs._forward(tokens, None, None)  # (R, B, T, V)
         ce = nn.functional.cross_entropy(logits[:, :, :-1].flatten(1, 2).mT, tokens[:, :, 1:].flatten(1),
                                          reduction="none").mean(-1)  # (R,)
         opt.zero_grad()
