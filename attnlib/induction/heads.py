@@ -64,13 +64,18 @@ def pattern_scores(runs: InductionRuns, batch: RepeatBatch, where: Tensor | None
         raise TypeError(f"runs must be an InductionRuns, got {type(runs).__name__}")
     tokens, period = batch
     R = runs.n_runs
-    if where is None:
-        where = runs.task.predictable(period)
-    elif check_tensor("where", where).dtype != torch.bool or where.shape != tokens.shape or not where.any():
-        raise ValueError(f"where must be a bool tensor of the tokens' shape {format_shape(tokens)} with a "
-                         f"True somewhere, got {where.dtype} {format_shape(where)}")
+    where = runs.task.predictable(period) if where is None else where
     with torch.no_grad():
         _, maps = runs(tokens.expand(R, -1, -1))  # per layer (R, B, h, T, T)
+    return _pattern_shares(maps, tokens, where)
+
+
+def _pattern_shares(maps: list[Tensor], tokens: Tensor, where: Tensor) -> dict[str, Tensor]:
+    """:func:`pattern_scores` from the attention ``maps`` (per layer ``(R, B, h, T, T)``) that
+    the runs gave on ``tokens`` ``(B, T)``, over the query positions ``where`` (checked here)."""
+    if check_tensor("where", where).dtype != torch.bool or where.shape != tokens.shape or not where.any():
+        raise ValueError(f"where must be a bool tensor of the tokens' shape {format_shape(tokens)} with a "
+                         f"True somewhere, got {where.dtype} {format_shape(where)}")
     rows = where.double()  # (B, T)
     out = {}
     for name, mask in pattern_masks(tokens).items():
@@ -131,10 +136,16 @@ def previous_by_position(runs: InductionRuns, batch: RepeatBatch, layer: int = 0
     R = runs.n_runs
     with torch.no_grad():
         _, maps = runs(tokens.expand(R, -1, -1))  # per layer (R, B, h, T, T)
-    i = torch.arange(1, runs.task.max_period)  # (I,)
+    return _previous_by_position(maps, period, runs.task.max_period, layer)
+
+
+def _previous_by_position(maps: list[Tensor], period: Tensor, max_period: int, layer: int) -> Tensor:
+    """:func:`previous_by_position` from the attention ``maps`` (per layer ``(R, B, h, T, T)``)
+    that the runs gave on sequences of periods ``period`` ``(B,)``."""
+    i = torch.arange(1, max_period)  # (I,)
     before = maps[layer][:, :, :, i, i - 1].double()  # (R, B, h, I)
     inside = (i[None, :] < period[:, None]).double()  # (B, I): i lies in the first block
     if (inside.sum(0) == 0).any():
-        raise ValueError(f"batch needs, for each position 1 .. {runs.task.max_period - 1}, a sequence whose "
+        raise ValueError(f"batch needs, for each position 1 .. {max_period - 1}, a sequence whose "
                          f"first block holds it (a period above it); periods here: {sorted(set(period.tolist()))}")
     return (before * inside[None, :, None]).sum(1) / inside.sum(0)  # (R, h, I)

@@ -202,6 +202,10 @@ class InductionRuns(nn.Module):
         ``(R,)`` tensors. ``tokens``: ``(R, B, seq_len)``, ``period``: ``(R, B)``; ``keep``,
         ``parts``: as :meth:`forward`."""
         logits, _ = self(tokens, keep, parts)  # (R, B, T, V)
+        return self._score(logits, tokens, period)
+
+    def _score(self, logits: Tensor, tokens: Tensor, period: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`score` from the ``logits`` :meth:`forward` gave for ``tokens``."""
         if check_tensor("period", period).shape != tokens.shape[:2]:
             raise ValueError(f"period must have shape (R, B) = {tuple(tokens.shape[:2])}, got {format_shape(period)}")
         where = self.task.predictable(period.flatten()).view(tokens.shape)[:, :, :-1].to(logits.dtype)  # (R, B, T-1)
