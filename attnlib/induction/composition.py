@@ -26,8 +26,8 @@ inequality, :func:`composition_ceiling`)
     \max_{U \text{ orthogonal}} C(A U, B) = \frac{\sqrt{\sum_i a_i^2 b_i^2}}{\lVert A \rVert_F\, \lVert B \rVert_F} .
  TransformerLens (Nanda and Bloom, 2022) computes it on its ``FactoredMatrix``;
 here it is computed on :class:`attnlib.FactoredMatrix` (chapter 4), through the factors: the
-product of two factored matrices stays factored, and its Frobenius norm is the root of the
-sum of its squared singular values, from an ``r x r`` problem.
+product of two factored matrices stays factored, and its Frobenius norm, the root of the
+sum of its squared singular values, is that of an ``r x r`` core (:func:`frobenius`).
 """
 
 from __future__ import annotations
@@ -47,11 +47,15 @@ KINDS = ("Q", "K", "V")
 
 
 def frobenius(m: FactoredMatrix) -> Tensor:
-    r""":math:`\lVert M \rVert_F = \sqrt{\sum_j s_j^2}` from the singular values of the factored
-    ``M`` ``(..., m, n)``; shape ``...``."""
+    r""":math:`\lVert M \rVert_F = \sqrt{\sum_j s_j^2}` of the factored ``M`` ``(..., m, n)``,
+    from its small core: with :math:`M = Q_L C Q_R^\top` (the thin QR decompositions of
+    :meth:`attnlib.FactoredMatrix.svd`), :math:`Q_L` and :math:`Q_R` have orthonormal columns,
+    so :math:`\lVert M \rVert_F = \lVert C \rVert_F`: the singular values of ``M`` are those of
+    ``C``, and no SVD is needed for their sum of squares. Shape ``...``."""
     if not isinstance(m, FactoredMatrix):
         raise TypeError(f"m must be an attnlib.FactoredMatrix, got {type(m).__name__}")
-    return m.singular_values.square().sum(-1).sqrt()  # (...,)
+    _, core, _ = m._core()  # (..., k_l, k_r), at most r x r
+    return core.square().sum((-2, -1)).sqrt()  # (...,)
 
 
 def _check_composable(a: FactoredMatrix, b: FactoredMatrix) -> None:
