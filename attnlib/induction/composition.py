@@ -47,15 +47,18 @@ KINDS = ("Q", "K", "V")
 
 
 def frobenius(m: FactoredMatrix) -> Tensor:
-    r""":math:`\lVert M \rVert_F = \sqrt{\sum_j s_j^2}` of the factored ``M`` ``(..., m, n)``,
-    from its small core: with :math:`M = Q_L C Q_R^\top` (the thin QR decompositions of
-    :meth:`attnlib.FactoredMatrix.svd`), :math:`Q_L` and :math:`Q_R` have orthonormal columns,
-    so :math:`\lVert M \rVert_F = \lVert C \rVert_F`: the singular values of ``M`` are those of
-    ``C``, and no SVD is needed for their sum of squares. Shape ``...``."""
+    r""":math:`\lVert M \rVert_F = \sqrt{\sum_j s_j^2}` of the factored ``M = L R``
+    ``(..., m, n)``, from a small core: with the thin QR decompositions :math:`L = Q_L R_L` and
+    :math:`R^\top = Q_R R_R` (those of :meth:`attnlib.FactoredMatrix.svd`),
+    :math:`M = Q_L (R_L R_R^\top) Q_R^\top` with orthonormal columns in :math:`Q_L, Q_R`, so
+    :math:`\lVert M \rVert_F = \lVert R_L R_R^\top \rVert_F` (at most ``r x r``): the singular
+    values of ``M`` are those of the core, and no SVD is needed for their sum of squares.
+    Shape ``...``."""
     if not isinstance(m, FactoredMatrix):
         raise TypeError(f"m must be an attnlib.FactoredMatrix, got {type(m).__name__}")
-    _, core, _ = m._core()  # (..., k_l, k_r), at most r x r
-    return core.square().sum((-2, -1)).sqrt()  # (...,)
+    r_l = torch.linalg.qr(m.left, mode="r").R  # (..., k_l, r)
+    r_r = torch.linalg.qr(m.right.mT, mode="r").R  # (..., k_r, r)
+    return (r_l @ r_r.mT).square().sum((-2, -1)).sqrt()  # (...,)
 
 
 def _check_composable(a: FactoredMatrix, b: FactoredMatrix) -> None:

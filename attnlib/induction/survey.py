@@ -23,7 +23,7 @@ from torch import Tensor
 from attnlib.induction.circuits import circuit_rates, head_circuits
 from attnlib.induction.composition import KINDS, composition_ceiling, composition_score
 from attnlib.induction.data import RepeatBatch
-from attnlib.induction.heads import _pattern_shares, _previous_by_position, ablation_accuracy, part_accuracy
+from attnlib.induction.heads import ablation_accuracy, part_accuracy, pattern_scores, previous_by_position
 from attnlib.induction.model import InductionRuns
 from attnlib.lowrank import FactoredMatrix
 from attnlib.recall.survey import DIGITS, SurveyTable
@@ -86,14 +86,14 @@ def seed_numbers(runs: InductionRuns, batch: RepeatBatch) -> dict[str, list[floa
     R, (tokens, period) = runs.n_runs, batch
     with torch.no_grad():
         logits, maps = runs(tokens.expand(R, -1, -1))  # (R, B, T, V), per layer (R, B, h, T, T)
-    put("accuracy", runs._score(logits, tokens.expand(R, -1, -1), period.expand(R, -1))[0])
-    ps = _pattern_shares(maps, tokens, task.predictable(period))
+    put("accuracy", runs.score_logits(logits, tokens.expand(R, -1, -1), period.expand(R, -1))[0])
+    ps = pattern_scores(runs, batch, maps=maps)
     block = task.block(period)  # (B, T)
     later = task.predictable(period) & (block >= 2)  # two or more earlier copies
-    pl = _pattern_shares(maps, tokens, later)
+    pl = pattern_scores(runs, batch, later, maps)
     first_block = (block == 0) & (torch.arange(task.seq_len) >= 1)
-    pf = _pattern_shares(maps, tokens, first_block)["previous"][:, 0]  # (R, h)
-    lowest = _previous_by_position(maps, period, task.max_period, 0).amin(-1)  # (R, h)
+    pf = pattern_scores(runs, batch, first_block, maps)["previous"][:, 0]  # (R, h)
+    lowest = previous_by_position(runs, batch, 0, maps).amin(-1)  # (R, h)
     for l in range(2):
         for a in range(h):
             for name in ("previous", "duplicate", "induction"):
