@@ -11,7 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnlib import FactoredMatrix, assert_rounding_close, rounding_tolerance
+from attnlib import FactoredMatrix, assert_rounding_close, attention, rounding_tolerance
+from attnlib.attention import causal_mask
 from attnlib.induction import (
     CHAPTER_SETTINGS,
     KINDS,
@@ -41,6 +42,7 @@ from attnlib.induction import (
     train_induction,
     virtual_circuits,
 )
+from attnlib.induction.model import AdamW
 from attnlib.induction.survey import TEST_SEED
 from attnlib.lowrank import ov_circuit, qk_circuit
 from attnlib.induction.explorer import composition_explorer
@@ -143,6 +145,17 @@ def test_model_input_errors() -> None:
         pattern_scores(runs, TASK.sample(2, torch.Generator()), torch.zeros(2, 12, dtype=torch.bool))
     with pytest.raises(ValueError, match="steps"):
         train_induction(runs, steps=0)
+    batch = TASK.sample(2, torch.Generator())
+    with pytest.raises(ValueError, match="maps"):
+        pattern_scores(runs, batch, maps=[torch.zeros(1, 2, 2, 12, 12)])  # one layer's maps only
+    with pytest.raises(ValueError, match="maps"):
+        previous_by_position(runs, batch, maps=[torch.zeros(1, 2, 2, 12, 11)] * 2)
+    with pytest.raises(ValueError, match="logits"):
+        runs.score_logits(torch.zeros(1, 2, 12, 5), batch.tokens[None], batch.period[None])
+    with pytest.raises(ValueError, match="betas"):
+        AdamW(list(runs.parameters()), lr=0.1, betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="grads"):
+        AdamW(list(runs.parameters()), lr=0.1).step([])
 
 
 def test_save_and_load_round_trip(tmp_path: Path) -> None:
@@ -212,6 +225,12 @@ def test_pattern_scores_over_chosen_rows() -> None:
     i, q = rows.nonzero(as_tuple=True)
     want = maps[0][0, i, :, q, q - 1].double().mean(0)  # (h,)
     torch.testing.assert_close(first[0, 0], want)
+    # given the maps of that forward pass, the same numbers without running the model again
+    assert all(torch.equal(v, pattern_scores(runs, batch, rows, maps)[k]) for k, v in pattern_scores(runs, batch, rows).items())
+    assert torch.equal(previous_by_position(runs, batch, 0, maps), previous_by_position(runs, batch))
+    logits, _ = runs(batch.tokens[None])
+    assert torch.equal(torch.stack(runs.score_logits(logits, batch.tokens[None], batch.period[None])),
+                       torch.stack(runs.score(batch.tokens[None], batch.period[None])))
 
 
 # ---- composition scores -----------------------------------------------------------------
@@ -407,6 +426,43 @@ def test_data_seeds_set_the_stream_and_not_the_start() -> None:
     assert not torch.equal(a.w_q[0], a.w_q[1])  # same start, other data
     with pytest.raises(ValueError, match="data_seeds"):
         train_induction(a, steps=1, data_seeds=[0])
+
+
+def attention_forward(runs: InductionRuns, tokens: torch.Tensor) -> torch.Tensor:
+    """The model's logits written with attnlib.attention (chapter 1) for each layer's heads."""
+    R, B, T = tokens.shape
+    x = runs.embed[torch.arange(R)[:, None, None], tokens] + runs.pos[:, None]  # (R, B, T, d)
+    for l in range(2):
+        q, k, v = (runs._split(x @ getattr(runs, n)[:, None, l]) for n in ("w_q", "w_k", "w_v"))
+        heads, _ = attention(q, k, v, causal_mask(T))  # (R, B, h, T, d_k)
+        x = x + heads.transpose(2, 3).reshape(R, B, T, -1) @ runs.w_o[:, None, l]
+    return x @ runs.unembed[:, None]  # (R, B, T, V)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_training_is_torch_adamw_on_attnlib_attention_bit_for_bit(weight_decay: float) -> None:
+    """train_induction (its unchecked forward, its AdamW) against the loop written with
+    attnlib.attention and torch.optim.AdamW, in float32 as the shipped runs: the same losses and
+    weights, torch.equal, step by step."""
+    mine, theirs = InductionRuns(TASK, 8, 2, [0, 1]), InductionRuns(TASK, 8, 2, [0, 1])
+    losses = train_induction(mine, steps=4, batch_size=4, lr=0.01, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(theirs.parameters(), lr=0.01, weight_decay=weight_decay)
+    gens = [torch.Generator().manual_seed(s) for s in (0, 1)]
+    for step in range(4):
+        tokens = torch.stack([TASK.sample(4, g).tokens for g in gens])  # (R, B, T)
+        logits = attention_forward(theirs, tokens)
+        ce = torch.nn.functional.cross_entropy(logits[:, :, :-1].flatten(1, 2).mT, tokens[:, :, 1:].flatten(1),
+                                               reduction="none").mean(-1)  # (R,)
+        opt.zero_grad()
+        ce.sum().backward()
+        opt.step()
+        assert torch.equal(ce.detach(), losses[step])
+    for name, w in theirs.state_dict().items():
+        assert torch.equal(w, mine.state_dict()[name]), name
+    with pytest.raises(ValueError, match="lr"):
+        train_induction(mine, steps=1, lr=-1.0)
+    with pytest.raises(ValueError, match="weight_decay"):
+        train_induction(mine, steps=1, weight_decay=float("nan"))
 
 
 # ---- the full circuits ----------------------------------------------------------------------

@@ -26,8 +26,8 @@ inequality, :func:`composition_ceiling`)
     \max_{U \text{ orthogonal}} C(A U, B) = \frac{\sqrt{\sum_i a_i^2 b_i^2}}{\lVert A \rVert_F\, \lVert B \rVert_F} .
  TransformerLens (Nanda and Bloom, 2022) computes it on its ``FactoredMatrix``;
 here it is computed on :class:`attnlib.FactoredMatrix` (chapter 4), through the factors: the
-product of two factored matrices stays factored, and its Frobenius norm is the root of the
-sum of its squared singular values, from an ``r x r`` problem.
+product of two factored matrices stays factored, and its Frobenius norm, the root of the
+sum of its squared singular values, is that of an ``r x r`` core (:func:`frobenius`).
 """
 
 from __future__ import annotations
@@ -47,11 +47,18 @@ KINDS = ("Q", "K", "V")
 
 
 def frobenius(m: FactoredMatrix) -> Tensor:
-    r""":math:`\lVert M \rVert_F = \sqrt{\sum_j s_j^2}` from the singular values of the factored
-    ``M`` ``(..., m, n)``; shape ``...``."""
+    r""":math:`\lVert M \rVert_F = \sqrt{\sum_j s_j^2}` of the factored ``M = L R``
+    ``(..., m, n)``, from a small core: with the thin QR decompositions :math:`L = Q_L R_L` and
+    :math:`R^\top = Q_R R_R` (those of :meth:`attnlib.FactoredMatrix.svd`),
+    :math:`M = Q_L (R_L R_R^\top) Q_R^\top` with orthonormal columns in :math:`Q_L, Q_R`, so
+    :math:`\lVert M \rVert_F = \lVert R_L R_R^\top \rVert_F` (at most ``r x r``): the singular
+    values of ``M`` are those of the core, and no SVD is needed for their sum of squares.
+    Shape ``...``."""
     if not isinstance(m, FactoredMatrix):
         raise TypeError(f"m must be an attnlib.FactoredMatrix, got {type(m).__name__}")
-    return m.singular_values.square().sum(-1).sqrt()  # (...,)
+    r_l = torch.linalg.qr(m.left, mode="r").R  # (..., k_l, r)
+    r_r = torch.linalg.qr(m.right.mT, mode="r").R  # (..., k_r, r)
+    return (r_l @ r_r.mT).square().sum((-2, -1)).sqrt()  # (...,)
 
 
 def _check_composable(a: FactoredMatrix, b: FactoredMatrix) -> None:

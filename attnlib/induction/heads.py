@@ -56,21 +56,35 @@ def pattern_masks(tokens: Tensor) -> dict[str, Tensor]:
     }
 
 
-def pattern_scores(runs: InductionRuns, batch: RepeatBatch, where: Tensor | None = None) -> dict[str, Tensor]:
-    """Every head's scores (see the module, one per :data:`PATTERNS`) on one shared ``batch``,
-    averaged over the query positions ``where`` (bool ``(B, seq_len)``; default: the
-    predictable ones): each ``(R, 2, h)`` (run, layer, head), float64."""
+def _maps(runs: InductionRuns, tokens: Tensor, maps: list[Tensor] | None) -> list[Tensor]:
+    """The runs' attention maps on ``tokens`` ``(B, T)``: ``maps`` if given (checked for shape),
+    else one forward pass."""
     if not isinstance(runs, InductionRuns):
         raise TypeError(f"runs must be an InductionRuns, got {type(runs).__name__}")
+    R, (B, T) = runs.n_runs, tokens.shape
+    if maps is None:
+        with torch.no_grad():
+            _, maps = runs(tokens.expand(R, -1, -1))  # per layer (R, B, h, T, T)
+    elif len(maps) != N_LAYERS or any(check_tensor("maps", m).shape != (R, B, runs.num_heads, T, T) for m in maps):
+        raise ValueError(f"maps must be {N_LAYERS} tensors (R, B, h, T, T) = {(R, B, runs.num_heads, T, T)}, "
+                         f"got {[format_shape(m) for m in maps]}")
+    return maps
+
+
+def pattern_scores(runs: InductionRuns, batch: RepeatBatch, where: Tensor | None = None,
+                   maps: list[Tensor] | None = None) -> dict[str, Tensor]:
+    """Every head's scores (see the module, one per :data:`PATTERNS`) on one shared ``batch``,
+    averaged over the query positions ``where`` (bool ``(B, seq_len)``; default: the
+    predictable ones): each ``(R, 2, h)`` (run, layer, head), float64. ``maps``: the runs'
+    attention maps on ``batch.tokens``, per layer ``(R, B, h, T, T)``, where already computed
+    (by default one forward pass computes them)."""
     tokens, period = batch
-    R = runs.n_runs
+    maps = _maps(runs, tokens, maps)
     if where is None:
         where = runs.task.predictable(period)
     elif check_tensor("where", where).dtype != torch.bool or where.shape != tokens.shape or not where.any():
         raise ValueError(f"where must be a bool tensor of the tokens' shape {format_shape(tokens)} with a "
                          f"True somewhere, got {where.dtype} {format_shape(where)}")
-    with torch.no_grad():
-        _, maps = runs(tokens.expand(R, -1, -1))  # per layer (R, B, h, T, T)
     rows = where.double()  # (B, T)
     out = {}
     for name, mask in pattern_masks(tokens).items():
@@ -120,21 +134,20 @@ def part_accuracy(runs: InductionRuns, batch: RepeatBatch, heads: list[int], par
     return acc
 
 
-def previous_by_position(runs: InductionRuns, batch: RepeatBatch, layer: int = 0) -> Tensor:
+def previous_by_position(runs: InductionRuns, batch: RepeatBatch, layer: int = 0,
+                         maps: list[Tensor] | None = None) -> Tensor:
     r"""Each head's weight on the position just before, :math:`A_{i,i-1}`, averaged per query
     position ``i`` over the sequences whose first block contains ``i`` (``1 <= i < p``):
     ``(R, h, max_period - 1)`` for ``i = 1 .. max_period - 1``, float64. The mean over the
-    first block weights early positions more (every sequence has them); this shows each one."""
-    if not isinstance(runs, InductionRuns):
-        raise TypeError(f"runs must be an InductionRuns, got {type(runs).__name__}")
+    first block weights early positions more (every sequence has them); this shows each one.
+    ``maps``: as :func:`pattern_scores`."""
     tokens, period = batch
-    R = runs.n_runs
-    with torch.no_grad():
-        _, maps = runs(tokens.expand(R, -1, -1))  # per layer (R, B, h, T, T)
-    i = torch.arange(1, runs.task.max_period)  # (I,)
+    maps = _maps(runs, tokens, maps)
+    max_period = runs.task.max_period
+    i = torch.arange(1, max_period)  # (I,)
     before = maps[layer][:, :, :, i, i - 1].double()  # (R, B, h, I)
     inside = (i[None, :] < period[:, None]).double()  # (B, I): i lies in the first block
     if (inside.sum(0) == 0).any():
-        raise ValueError(f"batch needs, for each position 1 .. {runs.task.max_period - 1}, a sequence whose "
+        raise ValueError(f"batch needs, for each position 1 .. {max_period - 1}, a sequence whose "
                          f"first block holds it (a period above it); periods here: {sorted(set(period.tolist()))}")
     return (before * inside[None, :, None]).sum(1) / inside.sum(0)  # (R, h, I)

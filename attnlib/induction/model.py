@@ -22,6 +22,7 @@ it), so chapter 4's :func:`attnlib.qk_circuit` and :func:`attnlib.ov_circuit` re
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,11 +31,11 @@ from torch import Tensor, nn
 
 from attnlib.checks import check_index, check_positive_int, check_tensor, format_shape
 from attnlib.records import AttentionWeights
-from attnlib.attention import attention, causal_mask
+from attnlib.attention import causal_mask, masked_softmax
 from attnlib.induction.data import RepeatTask
 from attnlib.multihead import MultiHeadAttention
 
-__all__ = ["InductionRuns", "train_induction", "save_runs", "load_runs"]
+__all__ = ["InductionRuns", "train_induction", "AdamW", "save_runs", "load_runs"]
 
 N_LAYERS = 2
 
@@ -113,6 +114,12 @@ class InductionRuns(nn.Module):
         :math:`\text{parts}_{h,0} W_E[t_j] + \text{parts}_{h,1} W_{pos}[j]` instead of
         :math:`x^{(0)}_j`, so ``(1, 0)`` lets it copy only the token, ``(0, 1)`` only the position.
         """
+        self._check_inputs(tokens, keep, parts)
+        return self._forward(tokens, keep, parts)
+
+    def _check_inputs(self, tokens: Tensor, keep: Tensor | None = None, parts: Tensor | None = None) -> None:
+        """Raise unless :meth:`forward` can read ``tokens``, ``keep`` and ``parts`` (shapes,
+        dtype, ids in the vocabulary)."""
         R, T = self.n_runs, self.task.seq_len
         check_tensor("tokens", tokens)
         if tokens.dtype != torch.long or tokens.dim() != 3 or tokens.shape[0] != R or tokens.shape[2] != T:
@@ -120,17 +127,23 @@ class InductionRuns(nn.Module):
                              f"got {tokens.dtype} {format_shape(tokens)}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.task.n_vocab):
             raise ValueError(f"tokens must be ids in 0 .. {self.task.n_vocab - 1}")
-        if keep is None:
-            keep = torch.ones(R, N_LAYERS, self.num_heads, dtype=self.embed.dtype)
-        elif check_tensor("keep", keep).shape != (R, N_LAYERS, self.num_heads):
+        if keep is not None and check_tensor("keep", keep).shape != (R, N_LAYERS, self.num_heads):
             raise ValueError(f"keep must have shape (R, 2, h) = ({R}, {N_LAYERS}, {self.num_heads}), "
                              f"got {format_shape(keep)}")
         if parts is not None and check_tensor("parts", parts).shape != (R, self.num_heads, 2):
             raise ValueError(f"parts must have shape (R, h, 2) = ({R}, {self.num_heads}, 2), got {format_shape(parts)}")
+
+    def _forward(self, tokens: Tensor, keep: Tensor | None, parts: Tensor | None) -> tuple[Tensor, list[Tensor]]:
+        """:meth:`forward` without its checks (:meth:`_check_inputs`): what :func:`train_induction`
+        calls at each step, on batches it checked once. Each layer's attention is
+        :func:`attnlib.attention`'s computation (its softmax :func:`attnlib.attention.masked_softmax`);
+        ``keep=None`` multiplies no head (the same numbers as a ``keep`` of ones)."""
+        R, T = self.n_runs, self.task.seq_len
         B = tokens.shape[1]
         run = torch.arange(R).view(R, 1, 1)  # (R, 1, 1)
         x = self.embed[run, tokens] + self.pos[:, None]  # (R, B, T, d_model)
-        mask = causal_mask(T)  # (T, T), True = may attend
+        mask = causal_mask(T)  # (T, T), True = may attend; no row is empty
+        scale = 1.0 / math.sqrt(self.d_k)
         maps = []
         for l in range(N_LAYERS):
             q = self._split(x @ self.w_q[:, None, l])  # (R, B, h, T, d_k)
@@ -140,8 +153,10 @@ class InductionRuns(nn.Module):
                 token, place = self.embed[run, tokens], self.pos[:, None].expand(R, B, T, -1)  # (R, B, T, d_model)
                 v = (parts[:, None, :, 0, None, None] * self._split(token @ self.w_v[:, None, 0])
                      + parts[:, None, :, 1, None, None] * self._split(place @ self.w_v[:, None, 0]))  # (R, B, h, T, d_k)
-            heads, a = attention(q, k, v, mask)  # (R, B, h, T, d_k), (R, B, h, T, T)
-            heads = heads * keep[:, l].view(R, 1, self.num_heads, 1, 1).to(heads.dtype)
+            a = masked_softmax((q @ k.transpose(-2, -1)) * scale, mask)  # (R, B, h, T, T)
+            heads = a @ v  # (R, B, h, T, d_k)
+            if keep is not None:
+                heads = heads * keep[:, l].view(R, 1, self.num_heads, 1, 1).to(heads.dtype)
             concat = heads.transpose(2, 3).reshape(R, B, T, self.d_model)  # (R, B, T, h d_k)
             x = x + concat @ self.w_o[:, None, l]  # (R, B, T, d_model)
             maps.append(a)
@@ -187,6 +202,15 @@ class InductionRuns(nn.Module):
         ``(R,)`` tensors. ``tokens``: ``(R, B, seq_len)``, ``period``: ``(R, B)``; ``keep``,
         ``parts``: as :meth:`forward`."""
         logits, _ = self(tokens, keep, parts)  # (R, B, T, V)
+        return self.score_logits(logits, tokens, period)
+
+    @torch.no_grad()
+    def score_logits(self, logits: Tensor, tokens: Tensor, period: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`score` from ``logits`` ``(R, B, seq_len, n_vocab)`` that :meth:`forward` gave
+        for ``tokens`` (so that one forward pass serves several measurements)."""
+        if check_tensor("logits", logits).shape != (*tokens.shape, self.task.n_vocab):
+            raise ValueError(f"logits must have shape (R, B, seq_len, n_vocab) = {(*tokens.shape, self.task.n_vocab)}, "
+                             f"got {format_shape(logits)}")
         if check_tensor("period", period).shape != tokens.shape[:2]:
             raise ValueError(f"period must have shape (R, B) = {tuple(tokens.shape[:2])}, got {format_shape(period)}")
         where = self.task.predictable(period.flatten()).view(tokens.shape)[:, :, :-1].to(logits.dtype)  # (R, B, T-1)
@@ -212,7 +236,8 @@ def train_induction(
 
     The loss minimised is the sum of the runs' losses, so each run's gradient is its own;
     AdamW acts elementwise, so every run follows its own training, as if trained alone.
-    With the default ``weight_decay=0`` (the shipped runs) AdamW is plain Adam.
+    With the default ``weight_decay=0`` (the shipped runs) AdamW is plain Adam. The update is
+    :class:`AdamW`, ``torch.optim.AdamW``'s own arithmetic (the same weights, bit for bit).
     Deterministic on one thread.
     """
     check_positive_int("steps", steps)
@@ -222,18 +247,67 @@ def train_induction(
     if len(data_seeds) != R or any(isinstance(s, bool) or not isinstance(s, int) for s in data_seeds):
         raise ValueError(f"data_seeds must be {R} ints, one per run, got {data_seeds!r}")
     gens = [torch.Generator().manual_seed(s) for s in data_seeds]
-    opt = torch.optim.AdamW(runs.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = AdamW(list(runs.parameters()), lr=lr, weight_decay=weight_decay)
     losses = torch.empty(steps, R)
     for step in range(steps):
         tokens = torch.stack([task.sample(batch_size, g).tokens for g in gens])  # (R, B, T)
-        logits, _ = runs(tokens)  # (R, B, T, V)
+        if step == 0:  # every batch is drawn alike (task.sample): checked once, then read unchecked
+            runs._check_inputs(tokens)
+        logits, _ = runs._forward(tokens, None, None)  # (R, B, T, V)
         ce = nn.functional.cross_entropy(logits[:, :, :-1].flatten(1, 2).mT, tokens[:, :, 1:].flatten(1),
                                          reduction="none").mean(-1)  # (R,)
-        opt.zero_grad()
-        ce.sum().backward()
-        opt.step()
+        opt.step(torch.autograd.grad(ce.sum(), opt.params))
         losses[step] = ce.detach()
     return losses
+
+
+class AdamW:
+    r"""Adam with decoupled weight decay (Kingma and Ba, 2015; Loshchilov and Hutter, 2019), the
+    update of ``torch.optim.AdamW`` with its defaults (``betas=(0.9, 0.999)``, ``eps=1e-8``, no
+    AMSGrad), written out op for op as PyTorch computes it on the CPU. At step :math:`t`, for
+    each weight :math:`\theta` with gradient :math:`g`:
+
+    .. math::
+        \theta \leftarrow \theta (1 - \eta \lambda), \quad
+        m \leftarrow m + (1 - \beta_1)(g - m), \quad
+        v \leftarrow \beta_2 v + (1 - \beta_2) g^2, \quad
+        \theta \leftarrow \theta - \frac{\eta}{1 - \beta_1^t}\,
+        \frac{m}{\sqrt{v} / \sqrt{1 - \beta_2^t} + \epsilon} .
+
+    It gives ``torch.optim.AdamW``'s weights bit for bit (``tests/test_induction.py`` checks
+    it with ``torch.equal``). :func:`train_induction` uses it because building any
+    ``torch.optim`` optimizer imports ``torch._dynamo`` (and sympy) on its first use in a
+    process, about 1.5 s that chapter 11's kernel would spend on a compiler it never calls.
+    """
+
+    def __init__(self, params: list[nn.Parameter], lr: float, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        for name, value in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not all(isinstance(b, float) and 0 <= b < 1 for b in betas) or len(betas) != 2:
+            raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
+        self.params, self.lr, self.weight_decay, self.betas, self.eps = params, float(lr), float(weight_decay), betas, eps
+        self.exp_avg = [torch.zeros_like(p) for p in params]  # m
+        self.exp_avg_sq = [torch.zeros_like(p) for p in params]  # v
+        self.t = 0
+
+    @torch.no_grad()
+    def step(self, grads: Sequence[Tensor]) -> None:
+        """One update of every weight, from its gradient ``grads[i]`` (of ``params[i]``'s shape)."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"grads must hold one gradient per weight ({len(self.params)}), got {len(grads)}")
+        (beta1, beta2), lr = self.betas, self.lr
+        self.t += 1
+        step = float(self.t)  # what torch reads from its float32 step counter
+        bias_correction1, bias_correction2 = 1 - beta1**step, 1 - beta2**step
+        step_size, bias_correction2_sqrt = lr / bias_correction1, bias_correction2**0.5
+        for p, g, m, v in zip(self.params, grads, self.exp_avg, self.exp_avg_sq):
+            if self.weight_decay != 0:
+                p.mul_(1 - lr * self.weight_decay)
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.addcdiv_(m, (v.sqrt() / bias_correction2_sqrt).add_(self.eps), value=-step_size)
 
 
 # ---- the trained runs the chapter reads, shipped with the package --------------------------

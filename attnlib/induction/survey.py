@@ -81,14 +81,19 @@ def seed_numbers(runs: InductionRuns, batch: RepeatBatch) -> dict[str, list[floa
     def put(key: str, values: Tensor) -> None:
         out[key] = [float(v) for v in values]
 
-    put("accuracy", ablation_accuracy(runs, batch, []))
-    ps = pattern_scores(runs, batch)
-    block = task.block(batch.period)  # (B, T)
-    later = task.predictable(batch.period) & (block >= 2)  # two or more earlier copies
-    pl = pattern_scores(runs, batch, later)
+    # the intact model, run once: its accuracy and attention maps give the first numbers
+    # (ablation_accuracy with no head, pattern_scores and previous_by_position, without rerunning it)
+    R, (tokens, period) = runs.n_runs, batch
+    with torch.no_grad():
+        logits, maps = runs(tokens.expand(R, -1, -1))  # (R, B, T, V), per layer (R, B, h, T, T)
+    put("accuracy", runs.score_logits(logits, tokens.expand(R, -1, -1), period.expand(R, -1))[0])
+    ps = pattern_scores(runs, batch, maps=maps)
+    block = task.block(period)  # (B, T)
+    later = task.predictable(period) & (block >= 2)  # two or more earlier copies
+    pl = pattern_scores(runs, batch, later, maps)
     first_block = (block == 0) & (torch.arange(task.seq_len) >= 1)
-    pf = pattern_scores(runs, batch, first_block)["previous"][:, 0]  # (R, h)
-    lowest = previous_by_position(runs, batch).amin(-1)  # (R, h)
+    pf = pattern_scores(runs, batch, first_block, maps)["previous"][:, 0]  # (R, h)
+    lowest = previous_by_position(runs, batch, 0, maps).amin(-1)  # (R, h)
     for l in range(2):
         for a in range(h):
             for name in ("previous", "duplicate", "induction"):
