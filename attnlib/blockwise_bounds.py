@@ -124,7 +124,9 @@ def rounding_bound(
     One evaluation, to first order (notation in the module docstring). A score is an inner
     product of length :math:`d_k` and a scaling: off by :math:`(d_k + 1) u S`; the shift
     :math:`s - m` adds :math:`u |s - m| \le 2 u S`. A softmax weight moves by twice its exponent's
-    error relative (:math:`2 (d_k + 3) u S`) and by twice the ``exp``'s ulp (:math:`4 u`). Then the
+    error relative (:math:`2 (d_k + 3) u S`; counted as :math:`e^{2 (d_k + 3) u S} - 1`, which that
+    is only while it is small: near-tied float32 scores of :math:`10^8` move a weight by far more
+    than :math:`2 (d_k + 3) u S`) and by twice the ``exp``'s ulp (:math:`4 u`). Then the
     sums: written out, the row sum (:math:`n_k - 1`), the division (1) and :math:`P V`
     (:math:`n_k`); tile by tile with :math:`T \le n_k` key blocks, the accumulator's path (its
     block's product, one rescale and one addition per later block: at most :math:`n_k + T`), the
@@ -166,6 +168,14 @@ def rounding_bound(
     return _worst_case(sizes, _pv(sizes), q.dtype, merges)
 
 
+def _weights_error(d_k: int, big: float, eps: float) -> float:
+    r"""A weight's relative error from its scores, in units of ``eps``: :math:`(e^{x} - 1) / u`
+    for :math:`x = 2 (d_k + 3) u S` (the first-order :math:`x / u` while :math:`x \ll 1`;
+    infinite once :math:`e^x` overflows)."""
+    x = 2 * (d_k + 3) * big * eps
+    return math.expm1(x) / eps if x < 700 else math.inf
+
+
 def _pv(sizes: _Sizes) -> Tensor:
     r""":math:`|P|\,|V|` ``(..., n_q, d_v)``, the factor of both bounds."""
     return sizes[3] @ sizes[2].abs()
@@ -179,7 +189,7 @@ def _worst_case(sizes: _Sizes, pv: Tensor, dtype: torch.dtype, merges: int) -> t
     d_k, n_k = q64.shape[-1], k64.shape[-2]
     star = big + math.log(n_k)  # S*
     beta = (d_k + 3) * big + star + 2 * n_k + 1 + 2 * math.log(n_k)  # a part's lse, in u
-    count = 2 * (d_k + 3) * big + 4 * n_k + 4
+    count = _weights_error(d_k, big, eps) + 4 * n_k + 4
     if merges:
         count += 2 * beta + merges * (3 * star + 10)
     floor = 2 * (n_k + merges) * tiny * (3 * float(v64.abs().amax()) + 2)
@@ -348,7 +358,7 @@ def gradient_rounding_bound(
     n_k, d_v = k.shape[-2], v.shape[-1]
     star = big + math.log(n_k)
     rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
-    alpha = 2 * (d_k + 3) * big + 4 * n_k + 4
+    alpha = _weights_error(d_k, big, eps) + 4 * n_k + 4
     w = eps * (rho + d_v + max(alpha + d_v, rho + d_v + n_k) + 5 + max(n_k, n_q))
     dp_terms = do.abs() @ v64.abs().transpose(-2, -1)  # (..., n_q, n_k)
     d_terms = (do.abs() * (p @ v64.abs())).sum(-1, keepdim=True)  # (..., n_q, 1)

@@ -62,7 +62,8 @@ def test_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> None:
     p = [math.exp(x - lse) for x in s]
     big, d_k, n_k = 3 / math.sqrt(2), 2, 3
     pv = p[0] + 2 * p[1] + 3 * p[2]
-    expected = (eps * (2 * (d_k + 3) * big + 4 * n_k + 4) + 4 * (d_k + 1) * tiny) * pv + 2 * n_k * tiny * (3 * 3 + 2)
+    weights = math.expm1(2 * (d_k + 3) * big * eps) / eps  # e^x - 1, not x: the weights' error, in eps
+    expected = (eps * (weights + 4 * n_k + 4) + 4 * (d_k + 1) * tiny) * pv + 2 * n_k * tiny * (3 * 3 + 2)
     assert out_b.item() == pytest.approx(expected, rel=1e-12, abs=0)
     assert lse_b.item() == pytest.approx(eps * ((d_k + 3) * big + 2 * n_k + 1 + 2 * math.log(n_k) + lse), rel=1e-12, abs=0)
     # with two merges: 2 beta + 2 (3 S* + 10) more
@@ -90,7 +91,7 @@ def test_gradient_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> No
     big, n_k, n_q, d_k, d_v = 3 * sc, 3, 1, 2, 1
     star = big + math.log(n_k)
     rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
-    alpha = 2 * (d_k + 3) * big + 4 * n_k + 4
+    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 4 * n_k + 4
     w = eps * (rho + d_v + max(alpha + d_v, rho + d_v + n_k) + 5 + max(n_k, n_q))
     row = 0.5 * (p[0] * 1 + p[1] * 2 + p[2] * 3)  # rowsum(|dO| * P|V|)
     x = [0.5 * abs(vj) + row for vj in (1.0, -2.0, 3.0)]  # |dO||V|^T + row
@@ -294,3 +295,19 @@ def test_typical_bound_passes_float32_kernels_and_refuses_a_dropped_tile(n: int,
         _within(out, exact, gate, "a float32 kernel")
     dropped = blockwise_attention(q[rows], k[:-b], v[:-b], block_q=64, block_k=b).out
     assert not ((dropped.double() - exact).abs() <= gate).all()
+
+
+def test_near_tied_huge_scores_stay_within_the_bound() -> None:
+    """A cold reader's break of the linear bound: one float32 query, d_k = 1, two scores near
+    2e8 that tie to within 31.5 (float32 rounds their gap to 16), values 0 and 1. The weights
+    then err by e^delta - 1 with delta far from small; the first-order 2 (d_k + 3) u S that the
+    bound used to count was exceeded 2.9e4 times. Counted as e^x - 1, the bound holds."""
+    q = torch.tensor([[1.970224142074585]])
+    k = torch.tensor([[100788512.0], [100788496.0]])
+    v = torch.tensor([[0.0], [1.0]])
+    out32, _ = attention(q, k, v)
+    out64, _ = attention(q.double(), k.double(), v.double())
+    gap = (out32.double() - out64).abs()
+    assert gap.item() > 1e-8  # the break is real: far beyond a float32 rounding of 0.5
+    out_b, _ = rounding_bound(q, k, v)
+    assert (gap <= out_b).all()

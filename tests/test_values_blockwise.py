@@ -26,7 +26,7 @@ def _qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def test_rounding_bound_is_its_formula() -> None:
-    """out: (eps (2 (d_k + 3) S + 4 n_k + 4) + 4 (d_k + 1) tiny max(1, scale)) (P |V|)
+    """out: (eps ((e^{2 (d_k + 3) eps S} - 1) / eps + 4 n_k + 4) + 4 (d_k + 1) tiny max(1, scale)) (P |V|)
     + 2 n_k tiny (3 max|V| + 2); lse: eps ((d_k + 3) S + 2 n_k + 1 + 2 ln n_k + |lse|), S the
     largest sum of |q_l k_l| times the scale, here (float32, scale 1/sqrt 2) S = 7/sqrt 2."""
     q, k, v = _qkv()
@@ -37,7 +37,8 @@ def test_rounding_bound_is_its_formula() -> None:
     s = (q @ k.T) * sc
     p = torch.softmax(s, -1)
     floor = 2 * 3 * tiny * (3 * 4 + 2)  # max|V| = 4
-    expected = (eps * (2 * 5 * big + 4 * 3 + 4) + 4 * 3 * tiny) * (p @ v.abs()) + floor
+    weights = math.expm1(2 * 5 * big * eps) / eps  # e^x - 1 for x = 2 (d_k + 3) eps S
+    expected = (eps * (weights + 4 * 3 + 4) + 4 * 3 * tiny) * (p @ v.abs()) + floor
     assert torch.allclose(out_b, expected, rtol=1e-12, atol=0)
     lse = torch.logsumexp(s, -1)
     assert torch.allclose(lse_b, eps * (5 * big + 2 * 3 + 1 + 2 * math.log(3) + lse.abs()), rtol=1e-12, atol=0)
@@ -75,7 +76,7 @@ def test_gradient_rounding_bound_is_its_formula() -> None:
     p = torch.softmax((q @ k.T) * sc, -1)
     star = big + math.log(n_k)
     rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
-    alpha = 2 * (d_k + 3) * big + 4 * n_k + 4
+    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 4 * n_k + 4
     w = eps * (rho + d_v + max(alpha + d_v, rho + d_v + n_k) + 5 + max(n_k, n_q))
     for lse_grad in (None, d_lse):
         dq, dk, dv = gradient_rounding_bound(q, k, v, d_out, d_lse=lse_grad)
