@@ -228,3 +228,28 @@ def test_read_llama_accepts_default_rope_frequencies_and_refuses_others() -> Non
     attn.inv_freq = attn.inv_freq / 4  # linearly scaled positions
     with pytest.raises(ValueError, match="RoPE frequencies other than rope_base=100"):
         read_llama(attn, num_heads=h, rope_base=100.0)
+
+
+def test_float32_widths_hold_for_near_tied_huge_scores() -> None:
+    """The first-order count of float32_attention_widths, eps32 (n + 4 + 4S), broke where
+    float32 resolves scores of 1e8 only to 8: two scores 20 apart round to 16 apart, and the
+    smaller weight, e^-20 exactly, comes out e^-16: 54 times too large, where the first-order
+    count allowed 48. Counted as e^y - 1, the bound holds; for moderate scores the widths are
+    the first-order ones (chapter 8's 61 for BLOOM's largest score, 15.25)."""
+    from attnlib import assert_rounding_close
+    from attnlib.decoding import float32_attention_widths
+
+    eps32 = torch.finfo(torch.float32).eps
+    scores = torch.tensor([[1e8, 1e8 - 20]], dtype=torch.float64)
+    exact = torch.softmax(scores, -1)
+    hf = torch.softmax(scores, -1, dtype=torch.float32).to(torch.float64)  # as eager Llama does
+    relative = ((hf - exact).abs() / exact).max().item()
+    assert 53 < relative < 54
+    assert relative > eps32 * (2 + 4 + 4e8)  # the first-order count is broken
+    widths = float32_attention_widths(scores)
+    assert widths[:2] == (2, 4) and widths[2] > 10**22
+    assert_rounding_close(hf, exact, *widths, dtype=torch.float32, size=exact)
+    assert float32_attention_widths(torch.tensor([[15.25, -3.0]], dtype=torch.float64)) == (2, 4, 61)
+    assert float32_attention_widths(torch.tensor([[0.0, float("-inf")]], dtype=torch.float64)) == (2, 4, 1)
+    with pytest.raises(ValueError, match="overflows"):
+        float32_attention_widths(torch.tensor([[3e9, 0.0]], dtype=torch.float64))

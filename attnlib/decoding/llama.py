@@ -219,10 +219,22 @@ def float32_attention_widths(
       \lVert k_\ell \rVert` over the rotation's pairs; a weight then moves by :math:`8 e T`,
       relative.
 
-    Returns ``(n, 4, ceil(4 S + 8 T e / eps32))``: the bound is
-    :math:`\varepsilon_{32}` times their sum, relative to each weight; the outputs,
-    :math:`\sum_j a_j v_j` then :math:`W^O`, are within the same multiple of
-    :math:`(|A|\,|V|)\,|W^O|`, plus float64's rounding.
+    These are first-order counts. Each rounding multiplies a weight by some :math:`e^\delta`,
+    so together they move it by a factor within :math:`e^{\pm y}`,
+    :math:`y = 6uS + (n + 5)\,|\log(1 - u)| + 8eT`: the relative error is at most
+    :math:`e^y - 1`, which is :math:`y` only while :math:`y \ll 1`. Near-tied scores of
+    :math:`10^8` in float32 (:math:`y \approx 36`) are far from it: a weight of
+    :math:`e^{-20}` came out 54 times too large where the first-order count allowed 48.
+
+    Returns ``(n, 4, c)``, ``c`` the larger of ``ceil(4 S + 8 T e / eps32)`` (the first-order
+    count, whose slack over :math:`y` covers :math:`e^y - 1` for moderate scores) and
+    ``ceil((e^y - 1) / eps32) - n - 4``: the bound is :math:`\varepsilon_{32}` times their sum,
+    relative to each weight; the outputs, :math:`\sum_j a_j v_j` then :math:`W^O`, are
+    within the same multiple of :math:`(|A|\,|V|)\,|W^O|`, plus float64's rounding.
+
+    Raises:
+        ValueError: if :math:`y > 650` (scores near :math:`2 \cdot 10^9` or more): the
+            bound would overflow a float; a float32 softmax resolves nothing there.
 
     Args:
         scores: ``(..., n_q, n_k)``, the scaled scores (``-inf`` where masked).
@@ -231,6 +243,7 @@ def float32_attention_widths(
         positions: the largest position rotated (or all of them).
         base: RoPE's theta; scale: the scores' scale, default ``1/sqrt(d_k)``.
     """
+    eps32 = torch.finfo(torch.float32).eps
     finite = scores[torch.isfinite(scores)]
     s_max = float(finite.abs().max()) if finite.numel() else 0.0
     rope = 0.0
@@ -240,8 +253,12 @@ def float32_attention_widths(
         q_pairs = (q[..., :half].square() + q[..., half:].square()).sqrt()  # (..., n_q, d_k/2)
         k_pairs = (k[..., :half].square() + k[..., half:].square()).sqrt()  # (..., n_k, d_k/2)
         t = float((q_pairs @ k_pairs.mT).max()) * (d_k**-0.5 if scale is None else scale)
-        eps32 = torch.finfo(torch.float32).eps
         e = float(rope_angle_error(positions.flatten(), d_k, base, torch.float32).max()) / eps32 + 1
-        rope = 8 * t * e
+        rope = 8 * t * e  # in units of eps32
     n = scores.shape[-1]
-    return n, 4, max(1, math.ceil(4 * s_max + rope))
+    first_order = max(1, math.ceil(4 * s_max + rope))
+    y = 6 * (eps32 / 2) * s_max + (n + 5) * -math.log1p(-eps32 / 2) + eps32 * rope
+    if y > 650:
+        raise ValueError(f"scores up to {s_max:.3g} in float32: the weights' relative error bound "
+                         f"e^{y:.3g} - 1 overflows (a float32 softmax resolves nothing there)")
+    return n, 4, max(first_order, math.ceil(math.expm1(y) / eps32) - n - 4)
