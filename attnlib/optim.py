@@ -26,7 +26,7 @@ class AdamW:
         \frac{m}{\sqrt{v} / \sqrt{1 - \beta_2^t} + \epsilon} .
 
     It gives ``torch.optim.AdamW``'s weights bit for bit, single-tensor or ``foreach``
-    (``tests/test_induction.py`` and ``tests/test_recall.py`` check it with ``torch.equal``).
+    (``tests/test_induction.py`` checks both with ``torch.equal``).
     :func:`attnlib.recall.train_recall`, :func:`attnlib.recall.train_recall_runs` and
     :func:`attnlib.induction.train_induction` use it because building any ``torch.optim``
     optimizer imports ``torch._dynamo`` (and sympy) on its first use in a process, about

@@ -14,7 +14,6 @@ from torch.testing import assert_close
 
 from attnlib import attention
 from attnlib.lowrank import ov_circuit, qk_circuit
-from attnlib.optim import AdamW
 from attnlib.recall import (
     CONFIGS,
     RUN_SEEDS,
@@ -276,25 +275,6 @@ def test_runs_train_as_train_recall() -> None:
         y, _ = fresh.run_batch(b)
     goal = torch.nn.functional.one_hot(b.target, 4).to(F64)
     assert_close(out[0, 3], (y[0] - goal).square().sum(-1).mean())
-
-
-@pytest.mark.parametrize("foreach", [False, True])
-def test_adamw_is_torch_adamw_bit_for_bit(foreach: bool) -> None:
-    """attnlib.optim.AdamW, which train_recall and train_recall_runs step with, against
-    torch.optim.AdamW single-tensor (train_recall's former optimizer) and foreach
-    (train_recall_runs'), with weight decay: the same weights, torch.equal, step by step."""
-    g = _gen(5)
-    mine = [torch.randn(3, 4, generator=g, dtype=F64), torch.randn(5, generator=g, dtype=F64)]
-    theirs = [p.clone().requires_grad_() for p in mine]
-    opt = AdamW(mine, lr=0.1, weight_decay=0.05)
-    ref = torch.optim.AdamW(theirs, lr=0.1, weight_decay=0.05, foreach=foreach)
-    for _ in range(5):
-        grads = [torch.randn(p.shape, generator=g, dtype=F64) for p in mine]
-        opt.step(grads)
-        for p, grad in zip(theirs, grads):
-            p.grad = grad.clone()
-        ref.step()
-        assert all(torch.equal(a, b.detach()) for a, b in zip(mine, theirs))
 
 
 def test_runs_errors() -> None:
