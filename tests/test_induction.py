@@ -465,6 +465,25 @@ def test_training_is_torch_adamw_on_attnlib_attention_bit_for_bit(weight_decay: 
         train_induction(mine, steps=1, weight_decay=float("nan"))
 
 
+@pytest.mark.parametrize("foreach", [False, True])
+def test_adamw_is_torch_adamw_bit_for_bit(foreach: bool) -> None:
+    """attnlib.optim.AdamW, which train_recall and train_recall_runs step with, against
+    torch.optim.AdamW single-tensor (train_recall's former optimizer) and foreach
+    (train_recall_runs'), with weight decay: the same weights, torch.equal, step by step."""
+    g = torch.Generator().manual_seed(5)
+    mine = [torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)]
+    theirs = [p.clone().requires_grad_() for p in mine]
+    opt = AdamW(mine, lr=0.1, weight_decay=0.05)
+    ref = torch.optim.AdamW(theirs, lr=0.1, weight_decay=0.05, foreach=foreach)
+    for _ in range(5):
+        grads = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in mine]
+        opt.step(grads)
+        for p, grad in zip(theirs, grads):
+            p.grad = grad.clone()
+        ref.step()
+        assert all(torch.equal(a, b.detach()) for a, b in zip(mine, theirs))
+
+
 # ---- the full circuits ----------------------------------------------------------------------
 def test_virtual_circuits_are_the_products_of_the_circuits() -> None:
     runs = small_runs([4, 5])

@@ -31,6 +31,7 @@ CHAPTER = {
     "attnlib.interop": 5,
     "attnlib.pretrained": 6,
     "attnlib.recall": 7,
+    "attnlib.optim": 7,  # AdamW written out: chapters 7 and 11 train with it
     "attnlib.decoding": 8,
     "attnlib.audit": 9,
     "attnlib.blockwise": 10,

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from attnlib.checks import check_positive_int, check_tensor, format_shape
 from attnlib.multihead import MultiHeadAttention
+from attnlib.optim import AdamW
 from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 
 __all__ = ["RecallHead", "train_recall", "block_fractions"]
@@ -108,7 +109,7 @@ def train_recall(
             f"to fit the task, got {format_shape(model.readout)}"
         )
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    opt = AdamW(list(model.parameters()), lr=lr, weight_decay=weight_decay)  # torch.optim.AdamW's update
     dtype = model.readout.dtype
     losses = []
     for _ in range(steps):
@@ -119,9 +120,7 @@ def train_recall(
             value = (logits - target).square().sum(-1).mean()
         else:
             value = nn.functional.cross_entropy(logits, b.target)
-        opt.zero_grad()
-        value.backward()
-        opt.step()
+        opt.step(torch.autograd.grad(value, opt.params))
         losses.append(value.item())
     return losses
 

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlib.checks import check_positive_int, format_shape
+from attnlib.optim import AdamW
 from attnlib.recall.head import Loss, RecallHead
 from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 
@@ -200,7 +201,7 @@ def train_recall_runs(
     params = list(runs.parameters())
     keeps = [keep.view(-1, *[1] * (p.dim() - 1)) for p in params]  # (R, 1, ...) per parameter
     any_ce = bool(is_ce.any())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+    opt = AdamW(params, lr=lr, weight_decay=0.0)  # torch.optim.AdamW's update, bit for bit
     losses = torch.empty(steps, n_runs, dtype=dtype)
     rows = torch.arange(batch_size)
     for step in range(steps):
@@ -215,11 +216,10 @@ def train_recall_runs(
         if any_ce:
             ce = nn.functional.cross_entropy(logits.mT, answer, reduction="none").mean(-1)  # (R,)
             value = torch.where(is_ce, ce, value)
-        opt.zero_grad()
-        value.sum().backward()
+        grads = torch.autograd.grad(value.sum(), params)
         with torch.no_grad():
             for p, k in zip(params, keeps):
                 p.mul_(k)  # decoupled weight decay, per run
-        opt.step()
+        opt.step(grads)
         losses[step] = value.detach()
     return losses
