@@ -28,7 +28,7 @@ from torch import Tensor
 
 from attnlib.recall.head import Loss, block_fractions
 from attnlib.recall.runs import RecallRuns, Target, train_recall_runs
-from attnlib.recall.table import (DIGITS, SHIPPED, SurveyTable, compare_with_runs, compare_with_survey, load_survey,
+from attnlib.recall.table import (DIGITS, SHIPPED, SurveyGroup, SurveyTable, compare_with_runs, compare_with_survey, load_survey,
                                   save_survey)
 from attnlib.recall.task import Pairing, PhoneBookTask, RecallBatch
 
@@ -72,24 +72,6 @@ CONFIGS: dict[str, HeadConfig] = {
 MORE = {(26, 4): (3, 2), (13, 8): (3, 7), (12, 4): (2,)}
 BLOCK_ROWS = ("W^QK name -> name", "W^QK name -> number", "W^QK number rows", "W^OV number rows",
               "W^OV W^R number rows", "  shared row taken out")
-
-
-@dataclass
-class SurveyGroup:
-    """One batched training: run ``r`` is head ``labels[r]`` trained on the stream of ``seeds[r]``."""
-
-    task: PhoneBookTask
-    runs: RecallRuns
-    labels: list[str]
-    seeds: list[int]
-    losses: Tensor  # (steps, R)
-
-    def members(self, label: str) -> list[int]:
-        """The runs of one label, in the order of the seeds."""
-        found = [r for r, lab in enumerate(self.labels) if lab == label]
-        if not found:
-            raise KeyError(f"no run is labelled {label!r}; labels: {sorted(set(self.labels))}")
-        return found
 
 
 def _build_group(task: PhoneBookTask, configs: dict[str, HeadConfig], seeds: Sequence[int],

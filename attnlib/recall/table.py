@@ -2,8 +2,9 @@ r"""The stored table of chapter 7's per-seed numbers (chapter 7): :class:`Survey
 :func:`save_survey` and read by :func:`load_survey`, and :func:`compare_with_survey`, the check
 that numbers measured again (by :func:`~attnlib.recall.survey.survey_numbers`) are the stored
 ones; and :func:`compare_with_runs`, the same check for trained heads (weights and losses)
-against the stored ones. ``scripts/train_recall_survey.py`` writes the table shipped with the
-package (``survey.json``).
+against the stored ones, group by group (:class:`SurveyGroup`, also importable from
+:mod:`attnlib.recall.survey`). ``scripts/train_recall_survey.py`` writes the table shipped
+with the package (``survey.json``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,32 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from attnlib.recall.survey import SurveyGroup
+    from attnlib.recall.runs import RecallRuns
+    from attnlib.recall.task import PhoneBookTask
 
-__all__ = ["DIGITS", "SHIPPED", "SurveyTable", "save_survey", "load_survey", "compare_with_survey",
-           "compare_with_runs"]
+__all__ = ["DIGITS", "SHIPPED", "SurveyTable", "SurveyGroup", "save_survey", "load_survey",
+           "compare_with_survey", "compare_with_runs"]
 
 F64 = torch.float64
+
+
+# ---- one batched training, as trained here or as stored ------------------------------------
+@dataclass
+class SurveyGroup:
+    """One batched training: run ``r`` is head ``labels[r]`` trained on the stream of ``seeds[r]``."""
+
+    task: PhoneBookTask
+    runs: RecallRuns
+    labels: list[str]
+    seeds: list[int]
+    losses: Tensor  # (steps, R)
+
+    def members(self, label: str) -> list[int]:
+        """The runs of one label, in the order of the seeds."""
+        found = [r for r, lab in enumerate(self.labels) if lab == label]
+        if not found:
+            raise KeyError(f"no run is labelled {label!r}; labels: {sorted(set(self.labels))}")
+        return found
 
 
 # ---- the stored table -----------------------------------------------------------------------
