@@ -9,7 +9,7 @@ Companions of :mod:`attnlib.blockwise`, for its checks and its benchmark:
   (another tile size, another order of the sums, another library), derived from the
   computation; :func:`typical_rounding_bound`, the same count for the typical error, a
   tolerance for gates (:func:`worst_and_typical_bounds`: both from one pass over the scores);
-  :func:`share_sum_bound` for the shares of a merge;
+  :func:`share_sum_bound` for the shares of a merge (one log-sum-exp or a chain of merges);
   :func:`output_projection_bound` carries a bound on the heads through :math:`W^O`.
 
 Notation of every bound: :math:`u` = unit roundoff (``eps / 2``), :math:`\varepsilon` = ``eps``,
@@ -122,37 +122,52 @@ def rounding_bound(
     r"""Elementwise worst-case bounds on how far two evaluations of attention may differ by rounding.
 
     One evaluation, to first order (notation in the module docstring). A score is an inner
-    product of length :math:`d_k` and a scaling: off by :math:`(d_k + 1) u S`; the shift
-    :math:`s - m` adds :math:`u |s - m| \le 2 u S`. A softmax weight moves by twice its exponent's
-    error relative (:math:`2 (d_k + 3) u S`; counted as :math:`e^{2 (d_k + 3) u S} - 1`, which that
-    is only while it is small: near-tied float32 scores of :math:`10^8` move a weight by far more
-    than :math:`2 (d_k + 3) u S`) and by twice the ``exp``'s ulp (:math:`4 u`). Then the
-    sums: written out, the row sum (:math:`n_k - 1`), the division (1) and :math:`P V`
-    (:math:`n_k`); tile by tile with :math:`T \le n_k` key blocks, the accumulator's path (its
-    block's product, one rescale and one addition per later block: at most :math:`n_k + T`), the
-    running sum's (:math:`n_k + T - 1`) and the division: at most :math:`4 n_k` roundings (a
-    rescale factor is shared by the sum and the accumulator and cancels in their ratio). So one
-    evaluation is within :math:`u\,(2 (d_k + 3) S + 4 n_k + 4)\,(|P|\,|V|)_{ic}` of the exact output.
+    product of length :math:`d_k` and a scaling: off by :math:`(d_k + 1) u S`. The shifts add
+    :math:`2 u S` at most: written out, :math:`s - m` is off by :math:`u |s - m| \le 2 u S`; tile by
+    tile, a key of block :math:`b` is shifted by its block's running maximum :math:`m_b` (off by
+    :math:`u (m_b - s)`) and then rescaled once per later block whose maximum rose, by
+    :math:`e^{m_{t-1} - m_t}`, each exponent off by :math:`u (m_t - m_{t-1})`; these telescope, and
+    the shift and all of them are off by :math:`u (m_T - s) \le 2 u S` together. A softmax weight
+    moves by twice its exponent's error relative (:math:`2 (d_k + 3) u S`; counted as
+    :math:`e^{2 (d_k + 3) u S} - 1`, which that is only while it is small: near-tied float32 scores
+    of :math:`10^8` move a weight by far more than :math:`2 (d_k + 3) u S`) and by twice the
+    ``exp``'s ulp (:math:`4 u`). The rescale factors' own ``exp`` roundings do not cancel: a factor
+    multiplies the earlier blocks' terms, not the new block's, so it moves the weight of the old
+    keys against the new. Key :math:`j`'s term carries the roundings :math:`\eta_t` (:math:`|\eta_t|
+    \le 2u`) of the factors of the later blocks, and its weight moves by
+    :math:`\sum_t \eta_t ([t > b_j] - q_t)`, :math:`q_t` the share of the mass that factor
+    :math:`t` multiplies: at most :math:`2 u (T - 1)` for :math:`T` key blocks (each bracket lies
+    in :math:`[-1, 1]`). Then the sums: written out, the row sum (:math:`n_k - 1`), the division
+    (1) and :math:`P V` (:math:`n_k`); tile by tile, the accumulator's path (its block's product,
+    one rescale and one addition per later block: at most :math:`n_k + T`), the running sum's
+    (:math:`n_k + T - 1`) and the division. With :math:`T \le n_k` (the bound does not know the
+    tiling: blocks of one key, a maximum that rises at every key), one evaluation is within
+    :math:`u\,(2 (d_k + 3) S + 6 n_k + 2)\,(|P|\,|V|)_{ic}` of the exact output: :math:`4 n_k + 4`
+    for the sums and the weights' ``exp``, :math:`2 (n_k - 1)` for the rescale factors'.
 
     ``merges``: partials (:func:`~attnlib.blockwise.attend_block`,
     :func:`~attnlib.blockwise.split_k_attention`'s workers) merged along a path of that many
-    merges. Each part's log-sum-exp is off by :math:`\beta = u\,((d_k + 3) S + S^* + 2 n_k + 1 +
-    2 \ln n_k)`, which moves its share by up to :math:`2\beta`, and each merge adds the rounding of
-    its log-sum-exp, :math:`u (S^* + 6)`, of the shift and the ``exp`` of its shares,
-    :math:`u (2 S^* + 2)`, and of the product and sum, :math:`2u`.
+    merges. Each part's log-sum-exp is off by :math:`\beta = u\,((d_k + 3) S + S^* + 4 n_k - 1 +
+    2 \ln n_k)` (the score and the shifts; the sum of :math:`\ell`, :math:`n_k + T - 1`; the
+    ``exp`` and the rescale factors', :math:`2 + 2 (T - 1)`; the ``log``, :math:`2 \ln n_k`; the
+    last addition, :math:`|\mathrm{lse}| \le S^*`), which moves its share by up to :math:`2\beta`,
+    and each merge adds the rounding of its log-sum-exp, :math:`u (S^* + 6)`, of the shift and
+    the ``exp`` of its shares, :math:`u (2 S^* + 2)`, and of the product and sum, :math:`2u`.
 
     Two evaluations (another tile size, order, library) differ by at most twice that:
 
     .. math::
-        |o_a - o_b|_{ic} \le \varepsilon\,\big(2 (d_k + 3) S + 4 n_k + 4
+        |o_a - o_b|_{ic} \le \varepsilon\,\big(2 (d_k + 3) S + 6 n_k + 2
             + [\text{merges}]\, (2\beta/u + \text{merges}\,(3 S^* + 10))\big)\, (|P|\,|V|)_{ic}
             + 4 (d_k + 1) \tau \max(1, \mathrm{scale}) (|P|\,|V|)_{ic}
             + 2 (n_k + \text{merges})\, \tau\, (3 \max|V| + 2),
 
     .. math::
-        |\mathrm{lse}_a - \mathrm{lse}_b|_i \le \varepsilon\,\big((d_k + 3) S + 2 n_k + 1 + 2 \ln n_k
+        |\mathrm{lse}_a - \mathrm{lse}_b|_i \le \varepsilon\,\big((d_k + 3) S + 4 n_k - 1 + 2 \ln n_k
             + |\mathrm{lse}_i| + \text{merges}\, (S^* + 6)\big) .
 
+    (An earlier version counted :math:`4 n_k + 4` and :math:`2 n_k + 1`: it held that the rescale
+    factor's rounding cancels in :math:`a / \ell`, which it does only for the keys it multiplies.)
     The two :math:`\tau` terms are underflow: a weight, a product or a rescaled accumulator
     below the smallest normal number may round to a subnormal or flush to 0 (absolute error
     :math:`\tau` each), and tiny scores carry an absolute error. Without them the bound holds
@@ -176,6 +191,19 @@ def _weights_error(d_k: int, big: float, eps: float) -> float:
     return math.expm1(x) / eps if x < 700 else math.inf
 
 
+def _output_count(n_k: int) -> int:
+    r"""One evaluation's sums and roundings of ``exp``, in units of :math:`u`, past the weights'
+    exponent: :math:`4 n_k + 4` (the sums, the weights' ``exp``) :math:`+ 2 (n_k - 1)` (the rescale
+    factors' ``exp``, at most one per key block after the first)."""
+    return 4 * n_k + 4 + 2 * (n_k - 1)
+
+
+def _lse_count(d_k: int, big: float, n_k: int) -> float:
+    r"""One evaluation's log-sum-exp error in units of :math:`u`, without its last addition
+    (:math:`u |\mathrm{lse}|`): :math:`(d_k + 3) S + 4 n_k - 1 + 2 \ln n_k`."""
+    return (d_k + 3) * big + 4 * n_k - 1 + 2 * math.log(n_k)
+
+
 def _pv(sizes: _Sizes) -> Tensor:
     r""":math:`|P|\,|V|` ``(..., n_q, d_v)``, the factor of both bounds."""
     return sizes[3] @ sizes[2].abs()
@@ -188,14 +216,14 @@ def _worst_case(sizes: _Sizes, pv: Tensor, dtype: torch.dtype, merges: int) -> t
     eps = torch.finfo(dtype).eps
     d_k, n_k = q64.shape[-1], k64.shape[-2]
     star = big + math.log(n_k)  # S*
-    beta = (d_k + 3) * big + star + 2 * n_k + 1 + 2 * math.log(n_k)  # a part's lse, in u
-    count = _weights_error(d_k, big, eps) + 4 * n_k + 4
+    beta = _lse_count(d_k, big, n_k) + star  # a part's lse, in u
+    count = _weights_error(d_k, big, eps) + _output_count(n_k)
     if merges:
         count += 2 * beta + merges * (3 * star + 10)
     floor = 2 * (n_k + merges) * tiny * (3 * float(v64.abs().amax()) + 2)
     out_bound = (eps * count + 4 * (d_k + 1) * tiny * max(1.0, sc)) * pv + floor
     lse_abs = torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse))
-    lse_bound = eps * ((d_k + 3) * big + 2 * n_k + 1 + 2 * math.log(n_k) + lse_abs + merges * (star + 6))
+    lse_bound = eps * (_lse_count(d_k, big, n_k) + lse_abs + merges * (star + 6))
     return out_bound, lse_bound
 
 
@@ -216,7 +244,10 @@ def typical_rounding_bound(
         \varepsilon \lambda \big(2 (\sqrt{d_k} + 3) S + 2 \sqrt{2 n_k} + 5\big)\, (|P|\,|V|)_{ic}
         + 2 n_k \tau (3 \max|V| + 2)
 
-    (underflow kept at its worst case). Meant as the gate before a timing: the error of one
+    (underflow kept at its worst case). It keeps the written-out evaluation's count: the
+    rescale factors' ``exp`` roundings of a tiled one (:func:`rounding_bound` counts up to
+    :math:`2 (T - 1)` for :math:`T` key blocks; typically :math:`2 \sqrt{T - 1}`) are left to the
+    margin, which the right kernels are shown to leave (chapter 10). Meant as the gate before a timing: the error of one
     dropped tile of keys exceeds it where the worst case would let it pass (chapter 10 measures
     which planted errors it refuses at which lengths, and which milder ones pass). A kernel
     whose rounding errors are biased could exceed it too; the gate would then fail loudly.
@@ -257,24 +288,60 @@ def worst_and_typical_bounds(
     return (*_worst_case(sizes, pv, q.dtype, merges), _typical(sizes, pv, q.dtype, lam))
 
 
-def share_sum_bound(lse: Tensor, parts: int, dtype: torch.dtype | None = None) -> Tensor:
-    r"""How far the shares :math:`e^{\mathrm{lse}_w - \mathrm{lse}}` of ``parts`` partials, computed
-    in ``dtype``, may sum from 1: :math:`u\,(|\mathrm{lse}| + 2K + 2 + 5 \ln K)`, :math:`K` = ``parts``.
+def share_sum_bound(lse: Tensor, parts: int, dtype: torch.dtype | None = None, *, merges: int = 0) -> Tensor:
+    r"""How far the shares :math:`e^{\mathrm{lse}_w - \widehat{\mathrm{lse}}}` of ``parts`` partials,
+    computed in ``dtype``, may sum from 1: :math:`e^{x} - 1`, :math:`K` = ``parts``, with
 
-    Derivation, to first order: the log-sum-exp :math:`\hat L` of the parts' (computed)
-    :math:`\mathrm{lse}_w` is off by :math:`u |L|` (its last addition) plus :math:`u (2K + 2 \ln K)
-    + 2u (1 + \ln K)` (the shifts, ``exp``, the sum and the ``log``); the shares then sum to
-    :math:`e^{L - \hat L}` exactly, and their own shifts, ``exp`` and sum add :math:`u (\ln K + 2 + K
-    - 1)`. The :math:`u |L|` term grows with the scores: a share sum is a rounding-level 1 only
-    relative to the log-sum-exp's size. Shapes: ``lse`` the merged log-sum-exp ``(...)``; returns
-    ``(...)`` float64 (0 where ``lse`` is infinite: no share then).
+    .. math::
+        x = u\,(|\mathrm{lse}| + 2K + 2 + 5 \ln K) \quad \text{(one log-sum-exp over the } K
+        \text{ partial } \mathrm{lse}_w\text{)}, \qquad
+        x = u\,\big(r\,(|\mathrm{lse}| + \ln K + 3) + K + 1 + \ln K\big) \quad
+        \text{(}r\text{ = ``merges``} \ge 1\text{)}.
+
+    Derivation: the shares of the exact log-sum-exp :math:`L` of the parts' (computed)
+    :math:`\mathrm{lse}_w` sum to 1; computed against :math:`\hat L = L - \Delta` they sum to
+    :math:`e^{\Delta}` exactly, and their own shifts, ``exp`` and sum multiply that by at most
+    :math:`1 + u (\ln K + 2 + K - 1)` (to first order; the shifts' errors :math:`u |\mathrm{lse}_w -
+    \hat L|` weighted by the shares sum to at most their entropy, :math:`\ln K`). So the sum is
+    within :math:`e^{|\Delta| + u (K + 1 + \ln K)} - 1` of 1, and :math:`|\Delta|` is counted as
+    the ``lse`` was made:
+
+    - ``merges=0`` (the default): ``lse`` is one ``logsumexp`` over the :math:`K` partial
+      :math:`\mathrm{lse}_w`: off by :math:`u |L|` (its last addition) plus :math:`u (2K + 2 \ln K)
+      + 2u (1 + \ln K)` (the shifts, ``exp``, the sum and the ``log``);
+    - ``merges=r``: ``lse`` came out of :func:`~attnlib.blockwise.merge` calls, ``r`` of them on the
+      longest path from a partial to the result (:math:`K - 1` for a chain, :math:`\lceil \log_2 K
+      \rceil` for a pairwise tree). Each merge rounds its :math:`\log(e^a + e^b) = \max +
+      \mathrm{log1p}(e^{-|a - b|})` by :math:`u |\mathrm{lse}'|` in its last addition (and can
+      absorb a small partial whole: half an ulp of :math:`\mathrm{lse}'` is :math:`u |\mathrm{lse}'|`),
+      plus :math:`3u` in the ``log1p``, ``exp`` and subtraction; an intermediate
+      :math:`|\mathrm{lse}'|` is at most :math:`|\mathrm{lse}| + \ln K`, and the errors of the
+      merged inputs pass on weighted by their shares, so along a path they add:
+      :math:`r\,u\,(|\mathrm{lse}| + \ln K + 3)`.
+
+    The first count is the linear one of an earlier version, which held only while
+    :math:`x \ll 1`: a shares' sum moves by :math:`e^{\Delta} - 1`, not :math:`\Delta`, and
+    :math:`u |L|` is not small for huge scores (eight float32 partials at :math:`2^{24}`, whose
+    log-sum-exp rounds down by 0.997, sum to 2.71, 1.71 past the linear bound of 1.0000017).
+    :math:`u |L|` grows with the scores: a share sum is a rounding-level 1 only relative to the
+    log-sum-exp's size. The counts are first order in the sums (:math:`K u \ll 1`).
+
+    Shapes: ``lse`` the merged log-sum-exp ``(...)``; returns ``(...)`` float64 (0 where ``lse``
+    is infinite: no share then; ``inf`` where :math:`e^{x}` overflows).
     """
     lse = check_tensor("lse", lse)
     check_positive_int("parts", parts)
+    merges = _check_merges(merges)
     dt = lse.dtype if dtype is None else dtype
     u = torch.finfo(dt).eps / 2
     size = torch.where(torch.isfinite(lse), lse.abs(), torch.zeros_like(lse)).to(torch.float64)
-    return u * (size + 2 * parts + 2 + 5 * math.log(parts))
+    log_k = math.log(parts)
+    if merges:
+        x = u * (merges * (size + log_k + 3) + parts + 1 + log_k)
+    else:
+        x = u * (size + 2 * parts + 2 + 5 * log_k)
+    bound = torch.where(x < 700, torch.expm1(x.clamp(max=700)), torch.full_like(x, math.inf))
+    return torch.where(torch.isfinite(lse).to(bound.device), bound, torch.zeros_like(bound))
 
 
 def output_projection_bound(head_bound: Tensor, heads: Tensor, w_o: Tensor, b_o: Tensor | None = None
@@ -324,11 +391,13 @@ def gradient_rounding_bound(
     :math:`D = \mathrm{rowsum}(dO \circ O) - d\mathrm{lse}`, :math:`dS = P \circ (dP - D)`
     (times the scale), :math:`dQ = dS\, K`, :math:`dK = dS^\top Q`. One evaluation, to first
     order, in units of :math:`u` (notation in the module docstring): the weights are off by
-    :math:`\rho = (2 d_k + 6) S + 3 S^* + 2 n_k + 5 + 2 \ln n_k` relative (recomputed from the
-    saved log-sum-exp: the score, the log-sum-exp's error, the shift and ``exp``; or the
-    softmax's own); :math:`D` by :math:`\max(\alpha + d_v, \rho + d_v + n_k)` relative to
-    :math:`\mathrm{rowsum}(|dO| \circ P|V|)` (from the output, :math:`\alpha = 2 (d_k + 3) S + 4 n_k + 4`
-    as in :func:`rounding_bound`, or from :math:`\sum_j P_{ij} dP_{ij}`); :math:`dP` by :math:`d_v`;
+    :math:`\rho = (2 d_k + 6) S + 3 S^* + 4 n_k + 3 + 2 \ln n_k` relative (recomputed from the
+    saved log-sum-exp: the score, the log-sum-exp's error as :func:`rounding_bound` counts it,
+    rescale factors included, the shift and ``exp``; or the softmax's own); :math:`D` by
+    :math:`\max(\alpha + d_v, \rho + d_v + n_k)` relative to
+    :math:`\mathrm{rowsum}(|dO| \circ P|V|)` (from the output, :math:`\alpha = 2 (d_k + 3) S + 6 n_k + 2`
+    as in :func:`rounding_bound`, its weights' term counted as :math:`e^x - 1`, or from
+    :math:`\sum_j P_{ij} dP_{ij}`); :math:`dP` by :math:`d_v`;
     the two subtractions, the product and the scale add 4; then the final product, of
     length :math:`n_k` (:math:`dQ`) or :math:`n_q` (:math:`dK`, :math:`dV`), and one more scaling. So
 
@@ -357,8 +426,8 @@ def gradient_rounding_bound(
     n_q, d_k = q.shape[-2], q.shape[-1]
     n_k, d_v = k.shape[-2], v.shape[-1]
     star = big + math.log(n_k)
-    rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
-    alpha = _weights_error(d_k, big, eps) + 4 * n_k + 4
+    rho = _lse_count(d_k, big, n_k) + (d_k + 3) * big + 3 * star + 4  # (2 d_k + 6) S + 3 S* + 4 n_k + 3 + 2 ln n_k
+    alpha = _weights_error(d_k, big, eps) + _output_count(n_k)
     w = eps * (rho + d_v + max(alpha + d_v, rho + d_v + n_k) + 5 + max(n_k, n_q))
     dp_terms = do.abs() @ v64.abs().transpose(-2, -1)  # (..., n_q, n_k)
     d_terms = (do.abs() * (p @ v64.abs())).sum(-1, keepdim=True)  # (..., n_q, 1)

@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnlib import MultiHeadAttention, attention
 from attnlib.blockwise import (
     BACKWARD_ORDERS,
+    Partial,
     attend_block,
     blockwise_attention,
     gradient_rounding_bound,
@@ -51,7 +52,9 @@ F64 = torch.float64
 # ---- pinned on a hand-sized case ----------------------------------------------------------------------
 def test_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> None:
     """q = (1, 2), keys (1, 0), (0, 1), (-1, 1), values 1, -2, 3, float32, scale 1/sqrt 2:
-    S = 3/sqrt 2, |P||V| = p1 + 2 p2 + 3 p3, and every constant of the docstring."""
+    S = 3/sqrt 2, |P||V| = p1 + 2 p2 + 3 p3, and every constant of the docstring: 6 n_k + 2 for
+    the sums and the roundings of exp (the rescale factors' 2 (n_k - 1) among them), 4 n_k - 1
+    in the log-sum-exp."""
     q = torch.tensor([[1.0, 2.0]])
     k = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 1.0]])
     v = torch.tensor([[1.0], [-2.0], [3.0]])
@@ -63,12 +66,12 @@ def test_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> None:
     big, d_k, n_k = 3 / math.sqrt(2), 2, 3
     pv = p[0] + 2 * p[1] + 3 * p[2]
     weights = math.expm1(2 * (d_k + 3) * big * eps) / eps  # e^x - 1, not x: the weights' error, in eps
-    expected = (eps * (weights + 4 * n_k + 4) + 4 * (d_k + 1) * tiny) * pv + 2 * n_k * tiny * (3 * 3 + 2)
+    expected = (eps * (weights + 6 * n_k + 2) + 4 * (d_k + 1) * tiny) * pv + 2 * n_k * tiny * (3 * 3 + 2)
     assert out_b.item() == pytest.approx(expected, rel=1e-12, abs=0)
-    assert lse_b.item() == pytest.approx(eps * ((d_k + 3) * big + 2 * n_k + 1 + 2 * math.log(n_k) + lse), rel=1e-12, abs=0)
+    assert lse_b.item() == pytest.approx(eps * ((d_k + 3) * big + 4 * n_k - 1 + 2 * math.log(n_k) + lse), rel=1e-12, abs=0)
     # with two merges: 2 beta + 2 (3 S* + 10) more
     star = big + math.log(n_k)
-    beta = (d_k + 3) * big + star + 2 * n_k + 1 + 2 * math.log(n_k)
+    beta = (d_k + 3) * big + star + 4 * n_k - 1 + 2 * math.log(n_k)
     out_m, lse_m = rounding_bound(q, k, v, merges=2)
     more = eps * (2 * beta + 2 * (3 * star + 10)) * pv + 4 * tiny * (3 * 3 + 2)
     assert out_m.item() == pytest.approx(expected + more, rel=1e-12, abs=0)
@@ -76,7 +79,12 @@ def test_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> None:
     assert typical_rounding_bound(q, k, v).item() == pytest.approx(
         eps * 8 * (2 * (math.sqrt(2) + 3) * big + 2 * math.sqrt(6) + 5) * pv + 2 * 3 * tiny * 11, rel=1e-12, abs=0)
     assert share_sum_bound(torch.tensor([lse], dtype=F64), 3, torch.float32).item() == pytest.approx(
-        eps / 2 * (lse + 6 + 2 + 5 * math.log(3)), rel=1e-12, abs=0)
+        math.expm1(eps / 2 * (lse + 6 + 2 + 5 * math.log(3))), rel=1e-12, abs=0)
+    assert share_sum_bound(torch.tensor([-lse], dtype=F64), 3, torch.float32, merges=2).item() == pytest.approx(
+        math.expm1(eps / 2 * (2 * (lse + math.log(3) + 3) + 3 + 1 + math.log(3))), rel=1e-12, abs=0)
+    assert share_sum_bound(torch.tensor([2.0**40, -math.inf]), 3, torch.float32).tolist() == [math.inf, 0.0]
+    with pytest.raises(ValueError, match="merges must be an int >= 0"):
+        share_sum_bound(torch.tensor([lse]), 3, merges=-1)
 
 
 def test_gradient_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> None:
@@ -90,8 +98,8 @@ def test_gradient_rounding_bound_equals_its_formula_on_a_hand_sized_case() -> No
     p = [math.exp(x) / sum(math.exp(y) for y in s) for x in s]
     big, n_k, n_q, d_k, d_v = 3 * sc, 3, 1, 2, 1
     star = big + math.log(n_k)
-    rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
-    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 4 * n_k + 4
+    rho = (2 * d_k + 6) * big + 3 * star + 4 * n_k + 3 + 2 * math.log(n_k)
+    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 6 * n_k + 2
     w = eps * (rho + d_v + max(alpha + d_v, rho + d_v + n_k) + 5 + max(n_k, n_q))
     row = 0.5 * (p[0] * 1 + p[1] * 2 + p[2] * 3)  # rowsum(|dO| * P|V|)
     x = [0.5 * abs(vj) + row for vj in (1.0, -2.0, 3.0)]  # |dO||V|^T + row
@@ -209,23 +217,72 @@ def test_gradient_rounding_bound_survives_a_hunt(p: dict, order: str) -> None:
 
 
 @hunt(10)
-@given(st.sampled_from([1.0, 16.0, 64.0, 1000.0]), st.integers(2, 12), st.integers(0, 2**16),
+@given(st.integers(20, 26), st.integers(2, 12), st.sampled_from([1.0, -1.0]), st.data(),
        st.sampled_from([torch.float32, F64]))
-def test_share_sum_bound_survives_large_scores(scale: float, parts: int, seed: int, dtype: torch.dtype) -> None:
-    """The issue's break: queries x16 and x64 put the shares' sum 3.5 to 7.9 times past the old
-    constant 4 eps; the log-sum-exp's own rounding, u |lse|, is what grows."""
-    g = torch.Generator().manual_seed(seed)
-    q = (torch.randn(5, 16, generator=g, dtype=F64) * scale).to(dtype)
-    k, v = (torch.randn(12 * parts, 16, generator=g, dtype=F64).to(dtype) for _ in range(2))
-    out, chunks = split_k_attention(q, k, v, num_splits=parts)
-    lses = torch.stack([c.lse for c in chunks])  # (parts, 5)
+def test_share_sum_bound_survives_large_scores(e: int, parts: int, sign: float, data: st.DataObject,
+                                               dtype: torch.dtype) -> None:
+    """Scores of +-2^20 to 2^26 in float32 (2^49 to 2^55 in float64: the same u |lse|, 1/16 to 4),
+    near-tied to within 3 ulps, 1 to 3 keys per worker: the log-sum-exp of the partials rounds by
+    up to u |lse|, not small, and the shares' sum moves by e^delta - 1. The linear count of an
+    earlier version (u (|lse| + 2K + 2 + 5 ln K)) breaks here in a few examples. The shares are
+    also summed against the lse of a chain of merges (merges = K - 1) and of a pairwise tree."""
+    mantissa = 24 if dtype == torch.float32 else 53
+    e += mantissa - 24  # float64: 2^49 to 2^55
+    ulp = 2.0 ** (e - mantissa)  # the spacing just below 2^e
+    n = parts * data.draw(st.integers(1, 3))
+    offsets = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    k = torch.tensor([[sign * (2.0**e - c * ulp)] for c in offsets], dtype=F64).to(dtype)  # exact
+    q = torch.ones(1, 1, dtype=dtype)
+    v = torch.randn(n, 2, generator=torch.Generator().manual_seed(n), dtype=F64).to(dtype)
+    _, chunks = split_k_attention(q, k, v, scale=1.0, num_splits=parts)
+    lses = torch.stack([c.lse for c in chunks])  # (parts, 1)
     lse_all = torch.logsumexp(lses, 0)
     total = torch.exp(lses - lse_all).sum(0)  # the shares, summed
-    _within(total, torch.ones(5), share_sum_bound(lse_all, parts), f"{parts} shares")
-    left, right = attend_block(q, k[:7], v[:7]), attend_block(q, k[7:], v[7:])
-    both = merge(left, right)
-    pair = torch.exp(left.lse - both.lse) + torch.exp(right.lse - both.lse)
-    _within(pair, torch.ones(5), share_sum_bound(both.lse, 2), "2 shares")
+    _within(total, torch.ones(1), share_sum_bound(lse_all, parts), f"{parts} shares, one logsumexp")
+    chain = chunks[0]
+    for c in chunks[1:]:
+        chain = merge(chain, c)
+    total = torch.exp(lses - chain.lse).sum(0)
+    _within(total, torch.ones(1), share_sum_bound(chain.lse, parts, merges=parts - 1), f"a chain of {parts - 1}")
+    level = chunks
+    while len(level) > 1:
+        level = [merge(a, b) for a, b in zip(level[::2], level[1::2])] + level[len(level) // 2 * 2:]
+    total = torch.exp(lses - level[0].lse).sum(0)
+    _within(total, torch.ones(1), share_sum_bound(level[0].lse, parts, merges=math.ceil(math.log2(parts))),
+            "a tree")
+
+
+def test_share_sum_bound_holds_where_the_linear_count_broke() -> None:
+    """A cold reader's break: 8 float32 keys, one per worker, scores 2^24 - 1 (seven) and
+    2^24 - 2: the log-sum-exp of the partials rounds to 2^24 against an exact 2^24 + 0.997, and
+    the shares sum to 2.71. The linear count gave 1.0000017; e^x - 1 gives 1.7183."""
+    k = torch.tensor([[2.0**24 - 1]] * 7 + [[2.0**24 - 2]])
+    _, chunks = split_k_attention(torch.ones(1, 1), k, torch.ones(8, 1), scale=1.0, num_splits=8)
+    lses = torch.stack([c.lse for c in chunks])  # (8, 1)
+    lse_all = torch.logsumexp(lses, 0)
+    assert lse_all.item() == 2.0**24  # rounded down by 0.997
+    gap = (torch.exp(lses - lse_all).sum(0) - 1).abs()
+    linear = 2.0**-24 * (2.0**24 + 16 + 2 + 5 * math.log(8))
+    assert gap.item() > 1.7 > linear  # the break is real
+    assert (gap <= share_sum_bound(lse_all, 8)).all()
+
+
+@pytest.mark.parametrize(("base", "parts"), [(16.0, 64), (64.0, 20), (1024.0, 8), (1024.0, 20)])
+def test_share_sum_bound_counts_a_chain_of_merges(base: float, parts: int) -> None:
+    """A cold reader's chain: one float32 partial at lse = base and parts - 1 at
+    base + ln(e^h - 1), h = 0.45 ulp, so that every merge() absorbs the next partial and
+    rounds its lse down by h: after K - 1 merges the lse is (K - 1) h low, 6 to 16 times what
+    one logsumexp may lose (merges=0), and within the chain's count (merges=K - 1)."""
+    h = 0.45 * float(torch.finfo(torch.float32).eps) * base  # base is a power of 2: its ulp is eps base
+    lses = [base] + [base + math.log(math.expm1(h))] * (parts - 1)
+    chunks = [Partial(torch.zeros(1, 1), torch.tensor([x])) for x in lses]
+    chain = chunks[0]
+    for c in chunks[1:]:
+        chain = merge(chain, c)
+    assert chain.lse.item() == base  # every merge absorbed its partial
+    gap = (sum(torch.exp(c.lse - chain.lse) for c in chunks) - 1).abs()
+    assert (gap > 5 * share_sum_bound(chain.lse, parts)).all()  # one logsumexp's count: broken
+    assert (gap <= share_sum_bound(chain.lse, parts, merges=parts - 1)).all()
 
 
 @hunt(8)

@@ -26,8 +26,8 @@ def _qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def test_rounding_bound_is_its_formula() -> None:
-    """out: (eps ((e^{2 (d_k + 3) eps S} - 1) / eps + 4 n_k + 4) + 4 (d_k + 1) tiny max(1, scale)) (P |V|)
-    + 2 n_k tiny (3 max|V| + 2); lse: eps ((d_k + 3) S + 2 n_k + 1 + 2 ln n_k + |lse|), S the
+    """out: (eps ((e^{2 (d_k + 3) eps S} - 1) / eps + 6 n_k + 2) + 4 (d_k + 1) tiny max(1, scale)) (P |V|)
+    + 2 n_k tiny (3 max|V| + 2); lse: eps ((d_k + 3) S + 4 n_k - 1 + 2 ln n_k + |lse|), S the
     largest sum of |q_l k_l| times the scale, here (float32, scale 1/sqrt 2) S = 7/sqrt 2."""
     q, k, v = _qkv()
     eps, tiny = torch.finfo(torch.float32).eps, torch.finfo(torch.float32).tiny
@@ -38,10 +38,10 @@ def test_rounding_bound_is_its_formula() -> None:
     p = torch.softmax(s, -1)
     floor = 2 * 3 * tiny * (3 * 4 + 2)  # max|V| = 4
     weights = math.expm1(2 * 5 * big * eps) / eps  # e^x - 1 for x = 2 (d_k + 3) eps S
-    expected = (eps * (weights + 4 * 3 + 4) + 4 * 3 * tiny) * (p @ v.abs()) + floor
+    expected = (eps * (weights + 6 * 3 + 2) + 4 * 3 * tiny) * (p @ v.abs()) + floor
     assert torch.allclose(out_b, expected, rtol=1e-12, atol=0)
     lse = torch.logsumexp(s, -1)
-    assert torch.allclose(lse_b, eps * (5 * big + 2 * 3 + 1 + 2 * math.log(3) + lse.abs()), rtol=1e-12, atol=0)
+    assert torch.allclose(lse_b, eps * (5 * big + 4 * 3 - 1 + 2 * math.log(3) + lse.abs()), rtol=1e-12, atol=0)
     assert out_b.dtype == F64 and out_b.shape == (2, 2) and lse_b.shape == (2,)
 
 
@@ -54,11 +54,11 @@ def test_rounding_bound_with_a_mask_and_a_scale() -> None:
     s = (q @ k.T) * 0.5
     p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)[0]
     floor = 2 * 3 * tiny * (3 * 4 + 2)
-    assert torch.allclose(out_b[0], (eps * (2 * 5 * big + 16) + 4 * 3 * tiny) * (p @ v.abs()) + floor,
+    assert torch.allclose(out_b[0], (eps * (2 * 5 * big + 20) + 4 * 3 * tiny) * (p @ v.abs()) + floor,
                           rtol=1e-12, atol=0)
     assert torch.equal(out_b[1], torch.full((2,), floor, dtype=F64))  # no weights: the underflow floor only
     lse0 = torch.logsumexp(s[0, [0, 2]], -1)
-    rest = 5 * big + 6 + 1 + 2 * math.log(3)
+    rest = 5 * big + 12 - 1 + 2 * math.log(3)
     assert torch.allclose(lse_b, torch.stack([eps * (rest + lse0.abs()), torch.tensor(eps * rest, dtype=F64)]),
                           rtol=1e-12, atol=0)
     with pytest.raises(ValueError, match=r"q must have shape \(..., n_q, d_k\)"):
@@ -75,8 +75,8 @@ def test_gradient_rounding_bound_is_its_formula() -> None:
     n_q, n_k, d_k, d_v = 2, 3, 2, 2
     p = torch.softmax((q @ k.T) * sc, -1)
     star = big + math.log(n_k)
-    rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
-    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 4 * n_k + 4
+    rho = (2 * d_k + 6) * big + 3 * star + 4 * n_k + 3 + 2 * math.log(n_k)
+    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 6 * n_k + 2
     w = eps * (rho + d_v + max(alpha + d_v, rho + d_v + n_k) + 5 + max(n_k, n_q))
     for lse_grad in (None, d_lse):
         dq, dk, dv = gradient_rounding_bound(q, k, v, d_out, d_lse=lse_grad)
