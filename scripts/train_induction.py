@@ -9,6 +9,9 @@
 
     PYTHONPATH=. python scripts/train_induction.py            # train, measure, write both files
     PYTHONPATH=. python scripts/train_induction.py --compare  # train, measure, compare with them
+    PYTHONPATH=. python scripts/train_induction.py --order-base 300  # the data-order runs for another
+        # base seed (its start on data streams 2000-2011, its data from starts 2000-2011): print
+        # the first step each run finds; writes nothing (about 75 s of CPU)
 
 One thread, float32 (the model's dtype), seeded: on one machine the same files every time. Another
 CPU's rounding (try --compare under PyTorch's portable kernels, ATEN_CPU_CAPABILITY=default
@@ -25,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from attnlib.induction import CHAPTER_SETTINGS, InductionRuns, RepeatTask, load_runs, save_runs, train_induction
+from attnlib.induction import (CHAPTER_SETTINGS, InductionRuns, RepeatBatch, RepeatTask, load_runs, save_runs,
+                               train_induction)
 from attnlib.induction.survey import (DATA_ORDER, SURVEY_SEEDS, TEST_SEED, layer0_kinds, load_induction_survey,
                                       save_induction_survey, seed_numbers)
 
@@ -37,11 +41,27 @@ def trained(task: RepeatTask, seeds: list[int], data_seeds: list[int] | None = N
     return runs
 
 
+def order_for(task: RepeatTask, test: RepeatBatch, base: int, others: list[int]) -> None:
+    """Print the first step of ``base`` itself, of its start on each data stream of ``others`` and
+    of its data stream from each start of ``others``, as chapter 11's data-order section does for
+    seed 0."""
+    runs = {"itself": ([base], trained(task, [base])),
+            "its start, data stream": (others, trained(task, [base] * len(others), others)),
+            "its data, start": (others, trained(task, others, [base] * len(others)))}
+    for part, (seeds, r) in runs.items():
+        found = layer0_kinds(seed_numbers(r, test))
+        print(f"seed {base}, {part}: " + ", ".join(
+            f"{x} {k.kind}" + (f" head {k.needed}" if k.needed is not None else "") for x, k in zip(seeds, found)))
+
+
 def main() -> None:
     torch.set_num_threads(1)
     s = CHAPTER_SETTINGS
     task = RepeatTask(s["n_vocab"], s["seq_len"], s["min_period"], s["max_period"])
     test = task.sample(256, torch.Generator().manual_seed(TEST_SEED))
+    if "--order-base" in sys.argv[1:]:
+        order_for(task, test, int(sys.argv[sys.argv.index("--order-base") + 1]), list(range(2000, 2012)))
+        return
     start = time.process_time()
     shipped = trained(task, list(s["seeds"]))  # seeds 0-11: their weights ship
     rest = trained(task, [x for x in SURVEY_SEEDS if x not in s["seeds"]])
