@@ -13,7 +13,7 @@ chapter recomputes the rows of the runs whose weights ship, and retrains a sampl
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -177,7 +177,7 @@ SHIPPED = "survey.json"
 PARTS = ("seeds", "same start", "same data")  # the main seeds; seed 0's start on other data; its data from other starts
 
 
-def save_induction_survey(tables: dict[str, tuple[Sequence[int], dict[str, list[float]]]], path: str | Path) -> None:
+def save_induction_survey(tables: Mapping[str, tuple[Sequence[int], dict[str, list[float]]]], path: str | Path) -> None:
     """Write ``{part: (seeds, numbers)}`` for the parts of :data:`PARTS` as JSON (``DIGITS``
     significant digits). For ``"same start"`` the seeds are the data streams, for ``"same data"``
     the initial weights' seeds."""
