@@ -114,8 +114,21 @@ def test_readers_and_writers_keep_the_device() -> None:
     layers += [o, *(lin for head in heads for lin in head.values())]
     for lin in layers:
         assert lin.weight.device.type == "meta" and lin.bias is not None and lin.bias.device.type == "meta"
-    # Not checked here: write_packed_linear (torch.cat) and read_linear_heads' W^O = I for o=None
-    # (torch.eye): the first torch.cat or torch.eye on "meta" in a process imports torch._dynamo, 2 to 4 s.
+    # write_packed_linear (torch.cat) and read_linear_heads' W^O = I (torch.eye) are checked the other
+    # way round below: the first torch.cat or torch.eye on "meta" in a process imports torch._dynamo (2-4 s).
+
+
+def test_new_layers_and_identity_follow_the_weights_not_the_default_device() -> None:
+    """With "meta" as the default device, what write_packed_linear and read_linear_heads (o=None) make
+    from CPU weights stays on the CPU: they name the weights' device, not the default."""
+    w = read_separate_linear(*[(_m(4, D, 10.0 * i), None) for i in range(3)], (_m(D, 4), None))
+    heads = [((_m(2, 4), None), (_m(2, 4, 8.0), None), (_m(2, 4, 16.0), None))] * 2
+    with torch.device("meta"):
+        layers = write_packed_linear(w)
+        concat = read_linear_heads(heads)
+    assert all(lin.weight.device.type == "cpu" and lin.bias is None for lin in layers.values())
+    assert torch.equal(layers["c_attn"].weight, torch.cat([w.w_q, w.w_k, w.w_v], 1).T)
+    assert concat.w_o.device.type == "cpu" and torch.equal(concat.w_o, torch.eye(4, dtype=F64))
 
 
 def test_read_linear_heads_one_head_as_lists_and_identity_output() -> None:
