@@ -320,6 +320,48 @@ def test_pairs_false_finds_no_pair() -> None:
     assert not report.ok and report.bugs == ()
 
 
+def test_catalogue_helpers_by_hand() -> None:
+    """The catalogue's small functions on hand-made records: no diagnosis runs."""
+    from attnlib.audit.catalogue import (
+        Bug, Recipe, _need, active_bugs, active_pairs, can_plant_together, mask_bugs, tie_reason,
+    )
+
+    assert _need("causal", "rope") == frozenset({"causal", "rope"})
+    # an ignored mask has no polarity: its recipe reads "may attend"; other recipes are kept
+    assert Recipe(mask_use="ignored", mask_true="blocked").effective() == Recipe(mask_use="ignored")
+    assert Recipe(mask_true="blocked").effective() == Recipe(mask_true="blocked")
+    base = Recipe(projection="x @ W.T")
+    bug = Bug("b", "d", "look", "fix", {"scale": "1"}, alternatives=({"scale": "d_k"},))
+    assert bug.recipe() == Recipe(scale="1") and bug.recipe(base) == Recipe(projection="x @ W.T", scale="1")
+    assert bug.recipes(base) == (Recipe(projection="x @ W.T", scale="1"), Recipe(projection="x @ W.T", scale="d_k"))
+    masked = Bug("m", "d", "look", "fix", {"mask_true": "blocked"}, needs=frozenset({"padding"}))
+    assert bug.all_needs == frozenset() and masked.all_needs == frozenset({"padding", "mask"})
+    assert can_plant_together(bug, masked) and not can_plant_together(bug, Bug("c", "d", "l", "f", {"scale": "d_k"}))
+    # call forms: the mask bugs need a mask, the padding bugs padding as well
+    assert set(mask_bugs(frozenset())) == {"mask_inverted", "mask_ignored", "mask_fill_zero", "mask_after_softmax",
+                                           "mask_fill_finite"}
+    assert set(mask_bugs(frozenset({"padding"}))) - set(mask_bugs(frozenset())) == {"padding_head_order",
+                                                                                    "padding_on_queries"}
+    assert mask_bugs(frozenset({"mask", "padding", "causal"})) == mask_bugs(frozenset({"padding"}))
+    assert {b.name for b in active_bugs(frozenset({"causal"}))} == set(BASE) - set(mask_bugs(frozenset())) | {
+        "causal_blocks_diagonal", "causal_sees_next", "causal_reversed"}
+    pairs = {(a.name, b.name) for a, b in active_pairs(frozenset({"mask"}))}
+    assert pairs == set(PAIRS)
+    assert {(a.name, b.name) for a, b in active_pairs(frozenset())} == {
+        (a, b) for a, b in PAIRS if a not in mask_bugs(frozenset()) and b not in mask_bugs(frozenset())}
+    # ties: named with the sizes that make them, and the generic sentence otherwise
+    tied = frozenset({"scale_by_d_model", "double_scale", "mask_ignored"})
+    reason = ("double_scale and scale_by_d_model: √d_model equals d_k when d_model = d_k², which for d_model = h·d_k "
+              "means h = d_k; any reference with h ≠ d_k (and d_model ≠ d_k²) separates them")
+    assert tie_reason(tied, 2, 2) == reason + " (here h = 2, d_k = 2)"
+    assert tie_reason(tied, 2, 4, 16) == reason + " (here h = 2, d_k = 4, d_model = 16)"
+    generic = ("for these weights and probes they compute the same outputs; a reference with other random weights "
+               "(another seed) or other sizes (h, d_k) may separate them")
+    assert tie_reason(tied, 3, 2) == generic  # d_model = 6, not 4
+    assert tie_reason(tied, 2, 4, 8) == generic and tie_reason(frozenset({"double_scale"}), 2, 2) == generic
+    assert tie_reason(frozenset({"scale_by_d_model", "double_scale"}), 2, 2) == reason + " (here h = 2, d_k = 2)"
+
+
 # ---- right modules pass ---------------------------------------------------------------------
 
 
