@@ -362,6 +362,43 @@ def test_catalogue_helpers_by_hand() -> None:
     assert tie_reason(frozenset({"scale_by_d_model", "double_scale"}), 2, 2) == reason + " (here h = 2, d_k = 2)"
 
 
+def test_tolerance_is_its_formula() -> None:
+    """search.tolerance by hand: the coarser dtype's rounding along the layer (d_model, d_k, n_k,
+    d_model; n_k the longest keys, a context's included), RoPE's float32 angles (n_k, n_k), both
+    times max(1, top), top = the largest |x W^Q| |k W^K| / sqrt(d_k) over the probes but "large
+    scores"; never below sqrt(eps) of the reference's dtype; rtol given wins."""
+    from attnlib import rounding_tolerance
+    from attnlib.audit.engine import ReferenceParams
+    from attnlib.audit.probes import Probe
+    from attnlib.audit.search import tolerance
+
+    f32, f64 = torch.float32, torch.float64
+    ref = MultiHeadAttention(4, 2)  # d_model = 4, d_k = 2
+    x = torch.tensor([[[1.0, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 1]]], dtype=f64)  # (1, 3, 4)
+    context = torch.tensor([[[0.0, 0, 1, 0]] * 5], dtype=f64)  # (1, 5, 4): n_k = 5 keys
+    probes = [Probe("no mask", x, None, None), Probe("cross", x, context, None),
+              Probe("large scores", 1e6 * x, None, None)]
+
+    def params(scale: float, rope: float | None) -> ReferenceParams:
+        w = {"q": scale * torch.eye(4, dtype=f64), "k": scale * torch.eye(4, dtype=f64)}
+        return ReferenceParams(w=w, b={}, num_heads=2, num_kv_heads=2, rope_base=rope)
+
+    layer = rounding_tolerance(f32, 4, 2, 5, 4)
+    angles = rounding_tolerance(f32, 5, 5)
+    # top = 2 * 1 / sqrt 2 < 1 with the weights scaled by 1/2: the factor is 1
+    small = params(0.5, None)
+    assert tolerance(None, f64, f32, ref, small, probes) == max(math.sqrt(torch.finfo(f64).eps), layer)
+    assert tolerance(None, f64, f64, ref, small, probes) == math.sqrt(torch.finfo(f64).eps)
+    assert tolerance(None, f64, f64, ref, small, probes, f32) == layer
+    assert tolerance(0.125, f64, f32, ref, small, probes) == 0.125
+    # weights x 1000: top = (2000 * 2000) / sqrt 2 (x as its own keys); with RoPE the angles' rounding adds
+    big = params(1000.0, 10000.0)
+    top = 2000.0 * 2000.0 / math.sqrt(2)
+    assert tolerance(None, f64, f32, ref, big, probes) == pytest.approx((layer + angles) * top, rel=1e-12, abs=0)
+    # a float32 reference and float64 outputs: float32's rounding along the layer all the same
+    assert tolerance(None, f32, f64, ref, params(1000.0, None), probes) == pytest.approx(layer * top, rel=1e-12, abs=0)
+
+
 # ---- right modules pass ---------------------------------------------------------------------
 
 
