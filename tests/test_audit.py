@@ -399,6 +399,21 @@ def test_tolerance_is_its_formula() -> None:
     assert tolerance(None, f32, f64, ref, params(1000.0, None), probes) == pytest.approx(layer * top, rel=1e-12, abs=0)
 
 
+def test_describe_names_the_call_form() -> None:
+    """The words that name a probe in diagnose's errors: shapes, the context, and the mask's kind."""
+    from attnlib.audit.probes import Probe
+    from attnlib.audit.search import _describe
+
+    x = torch.zeros(1, 3, 4, dtype=torch.float64)
+    cross = Probe("cross", x, torch.zeros(1, 5, 4, dtype=torch.float64), None)
+    assert _describe(cross, True, False) == "x of shape (1, 3, 4), context of shape (1, 5, 4) and mask=None"
+    assert _describe(cross, True, False, takes_mask=False) == "x of shape (1, 3, 4), context of shape (1, 5, 4)"
+    padded = Probe("padding", x, None, torch.ones(1, 3, dtype=torch.bool))
+    assert _describe(padded, False, True) == "x of shape (1, 3, 4) and a bool key-padding mask of shape (1, 3)"
+    masked = Probe("causal", x, None, torch.ones(3, 3, dtype=torch.bool))
+    assert _describe(masked, False, False) == "x of shape (1, 3, 4) and a bool mask of shape (3, 3)"
+
+
 # ---- right modules pass ---------------------------------------------------------------------
 
 
