@@ -227,13 +227,13 @@ def test_worst_typical_and_merged_bounds_are_their_formulas_in_float16() -> None
     p, s, big = _sizes16(q, k, mask, sc)
     pv = p @ v.double().abs()
     star = big + math.log(n_k)
-    beta = (d_k + 3) * big + star + 2 * n_k + 1 + 2 * math.log(n_k)
-    count = math.expm1(2 * (d_k + 3) * big * eps) / eps + 4 * n_k + 4 + 2 * beta + merges * (3 * star + 10)
+    beta = (d_k + 3) * big + star + 4 * n_k - 1 + 2 * math.log(n_k)
+    count = math.expm1(2 * (d_k + 3) * big * eps) / eps + 6 * n_k + 2 + 2 * beta + merges * (3 * star + 10)
     floor = 2 * (n_k + merges) * tiny * (3 * 4 + 2)  # max|V| = 4
     out = (eps * count + 4 * (d_k + 1) * tiny * 1.0) * pv + floor  # max(1, scale) = 1
     lse = torch.logsumexp(s, -1)
     lse_abs = torch.where(lse.isfinite(), lse.abs(), torch.zeros_like(lse))
-    lse_b = eps * ((d_k + 3) * big + 2 * n_k + 1 + 2 * math.log(n_k) + lse_abs + merges * (star + 6))
+    lse_b = eps * ((d_k + 3) * big + 4 * n_k - 1 + 2 * math.log(n_k) + lse_abs + merges * (star + 6))
     typical = eps * lam * (2 * (math.sqrt(d_k) + 3) * big + 2 * math.sqrt(2 * n_k) + 5) * pv + 2 * n_k * tiny * 14
     got = rounding_bound(q, k, v, mask, merges=merges)
     assert torch.allclose(got[0], out, rtol=1e-12, atol=0) and torch.allclose(got[1], lse_b, rtol=1e-12, atol=0)
@@ -247,7 +247,7 @@ def test_worst_typical_and_merged_bounds_are_their_formulas_in_float16() -> None
     got3 = rounding_bound(q, k, v, mask, scale=3.0)
     p3, _, big3 = _sizes16(q, k, mask, 3.0)
     pv3 = p3 @ v.double().abs()
-    out3 = (eps * (math.expm1(2 * 5 * big3 * eps) / eps + 20) + 4 * 3 * tiny * 3.0) * pv3 + 2 * 4 * tiny * 14
+    out3 = (eps * (math.expm1(2 * 5 * big3 * eps) / eps + 26) + 4 * 3 * tiny * 3.0) * pv3 + 2 * 4 * tiny * 14
     typical3 = eps * 0.5 * (2 * (math.sqrt(2) + 3) * big3 + 2 * math.sqrt(8) + 5) * pv3 + 2 * 4 * tiny * 14
     assert torch.allclose(got3[0], out3, rtol=1e-12, atol=0)
     assert torch.allclose(typical_rounding_bound(q, k, v, mask, 3.0, lam=0.5), typical3, rtol=1e-12, atol=0)
@@ -257,7 +257,7 @@ def test_worst_typical_and_merged_bounds_are_their_formulas_in_float16() -> None
     # no mask: the softmax runs along the keys of each batch entry
     p0 = torch.softmax((q.double() @ k.double().mT) * sc, -1)
     big0 = float((q.double().abs() @ k.double().abs().mT).amax()) * sc
-    out0 = (eps * (math.expm1(2 * 5 * big0 * eps) / eps + 20) + 12 * tiny) * (p0 @ v.double().abs()) + 8 * tiny * 14
+    out0 = (eps * (math.expm1(2 * 5 * big0 * eps) / eps + 26) + 12 * tiny) * (p0 @ v.double().abs()) + 8 * tiny * 14
     assert torch.allclose(rounding_bound(q, k, v)[0], out0, rtol=1e-12, atol=0)
     # a mask of the scores' full shape with two batch dimensions (2, 3) is read entry by entry
     q0, k0, v0 = _qkv()
@@ -282,8 +282,8 @@ def test_gradient_bound_in_float16_where_the_weights_error_dominates() -> None:
     p, _, big = _sizes16(q, k, mask, sc)
     assert big == 126
     star = big + math.log(n_k)
-    rho = (2 * d_k + 6) * big + 3 * star + 2 * n_k + 5 + 2 * math.log(n_k)
-    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 4 * n_k + 4
+    rho = (2 * d_k + 6) * big + 3 * star + 4 * n_k + 3 + 2 * math.log(n_k)
+    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 6 * n_k + 2
     assert alpha + d_v > rho + d_v + n_k
     w = eps * (rho + d_v + alpha + d_v + 5 + max(n_k, n_q))
     do = d_out.double()
@@ -302,13 +302,19 @@ def test_gradient_bound_in_float16_where_the_weights_error_dominates() -> None:
 
 
 def test_share_sum_bound_is_its_formula() -> None:
+    """e^x - 1 with x = u (|lse| + 2K + 2 + 5 ln K) for one log-sum-exp, u (r (|lse| + ln K + 3) + K + 1
+    + ln K) after r merges; 0 where lse is infinite."""
     lse = torch.tensor([-3.0, float("inf"), 2.5], dtype=F16)
+    size = torch.tensor([3.0, 0.0, 2.5], dtype=F64)
+    finite = torch.tensor([1.0, 0.0, 1.0], dtype=F64)
     for dtype, u in ((None, torch.finfo(F16).eps / 2), (torch.float32, torch.finfo(torch.float32).eps / 2)):
         got = share_sum_bound(lse, 3, dtype)
-        want = u * (torch.tensor([3.0, 0.0, 2.5], dtype=F64) + 2 * 3 + 2 + 5 * math.log(3))
+        want = torch.expm1(u * (size + 2 * 3 + 2 + 5 * math.log(3))) * finite
         assert got.dtype == F64 and torch.allclose(got, want, rtol=1e-12, atol=0)
-    assert torch.allclose(share_sum_bound(lse, 1), torch.finfo(F16).eps / 2 * (torch.tensor([3.0, 0.0, 2.5], dtype=F64) + 4),
-                          rtol=1e-12, atol=0)
+    u16 = torch.finfo(F16).eps / 2
+    assert torch.allclose(share_sum_bound(lse, 1), torch.expm1(u16 * (size + 4)) * finite, rtol=1e-12, atol=0)
+    merged = torch.expm1(u16 * (2 * (size + math.log(3) + 3) + 3 + 1 + math.log(3))) * finite
+    assert torch.allclose(share_sum_bound(lse, 3, merges=2), merged, rtol=1e-12, atol=0)
 
 
 def test_output_projection_bound_is_its_formula() -> None:
