@@ -320,6 +320,100 @@ def test_pairs_false_finds_no_pair() -> None:
     assert not report.ok and report.bugs == ()
 
 
+def test_catalogue_helpers_by_hand() -> None:
+    """The catalogue's small functions on hand-made records: no diagnosis runs."""
+    from attnlib.audit.catalogue import (
+        Bug, Recipe, _need, active_bugs, active_pairs, can_plant_together, mask_bugs, tie_reason,
+    )
+
+    assert _need("causal", "rope") == frozenset({"causal", "rope"})
+    # an ignored mask has no polarity: its recipe reads "may attend"; other recipes are kept
+    assert Recipe(mask_use="ignored", mask_true="blocked").effective() == Recipe(mask_use="ignored")
+    assert Recipe(mask_true="blocked").effective() == Recipe(mask_true="blocked")
+    base = Recipe(projection="x @ W.T")
+    bug = Bug("b", "d", "look", "fix", {"scale": "1"}, alternatives=({"scale": "d_k"},))
+    assert bug.recipe() == Recipe(scale="1") and bug.recipe(base) == Recipe(projection="x @ W.T", scale="1")
+    assert bug.recipes(base) == (Recipe(projection="x @ W.T", scale="1"), Recipe(projection="x @ W.T", scale="d_k"))
+    masked = Bug("m", "d", "look", "fix", {"mask_true": "blocked"}, needs=frozenset({"padding"}))
+    assert bug.all_needs == frozenset() and masked.all_needs == frozenset({"padding", "mask"})
+    assert can_plant_together(bug, masked) and not can_plant_together(bug, Bug("c", "d", "l", "f", {"scale": "d_k"}))
+    # call forms: the mask bugs need a mask, the padding bugs padding as well
+    assert set(mask_bugs(frozenset())) == {"mask_inverted", "mask_ignored", "mask_fill_zero", "mask_after_softmax",
+                                           "mask_fill_finite"}
+    assert set(mask_bugs(frozenset({"padding"}))) - set(mask_bugs(frozenset())) == {"padding_head_order",
+                                                                                    "padding_on_queries"}
+    assert mask_bugs(frozenset({"mask", "padding", "causal"})) == mask_bugs(frozenset({"padding"}))
+    assert {b.name for b in active_bugs(frozenset({"causal"}))} == set(BASE) - set(mask_bugs(frozenset())) | {
+        "causal_blocks_diagonal", "causal_sees_next", "causal_reversed"}
+    pairs = {(a.name, b.name) for a, b in active_pairs(frozenset({"mask"}))}
+    assert pairs == set(PAIRS)
+    assert {(a.name, b.name) for a, b in active_pairs(frozenset())} == {
+        (a, b) for a, b in PAIRS if a not in mask_bugs(frozenset()) and b not in mask_bugs(frozenset())}
+    # ties: named with the sizes that make them, and the generic sentence otherwise
+    tied = frozenset({"scale_by_d_model", "double_scale", "mask_ignored"})
+    reason = ("double_scale and scale_by_d_model: √d_model equals d_k when d_model = d_k², which for d_model = h·d_k "
+              "means h = d_k; any reference with h ≠ d_k (and d_model ≠ d_k²) separates them")
+    assert tie_reason(tied, 2, 2) == reason + " (here h = 2, d_k = 2)"
+    assert tie_reason(tied, 2, 4, 16) == reason + " (here h = 2, d_k = 4, d_model = 16)"
+    generic = ("for these weights and probes they compute the same outputs; a reference with other random weights "
+               "(another seed) or other sizes (h, d_k) may separate them")
+    assert tie_reason(tied, 3, 2) == generic  # d_model = 6, not 4
+    assert tie_reason(tied, 2, 4, 8) == generic and tie_reason(frozenset({"double_scale"}), 2, 2) == generic
+    assert tie_reason(frozenset({"scale_by_d_model", "double_scale"}), 2, 2) == reason + " (here h = 2, d_k = 2)"
+
+
+def test_tolerance_is_its_formula() -> None:
+    """search.tolerance by hand: the coarser dtype's rounding along the layer (d_model, d_k, n_k,
+    d_model; n_k the longest keys, a context's included), RoPE's float32 angles (n_k, n_k), both
+    times max(1, top), top = the largest |x W^Q| |k W^K| / sqrt(d_k) over the probes but "large
+    scores"; never below sqrt(eps) of the reference's dtype; rtol given wins."""
+    from attnlib import rounding_tolerance
+    from attnlib.audit.engine import ReferenceParams
+    from attnlib.audit.probes import Probe
+    from attnlib.audit.search import tolerance
+
+    f32, f64 = torch.float32, torch.float64
+    ref = MultiHeadAttention(4, 2)  # d_model = 4, d_k = 2
+    x = torch.tensor([[[1.0, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 1]]], dtype=f64)  # (1, 3, 4)
+    context = torch.tensor([[[0.0, 0, 1, 0]] * 5], dtype=f64)  # (1, 5, 4): n_k = 5 keys
+    probes = [Probe("no mask", x, None, None), Probe("cross", x, context, None),
+              Probe("large scores", 1e6 * x, None, None)]
+
+    def params(scale: float, rope: float | None) -> ReferenceParams:
+        w = {"q": scale * torch.eye(4, dtype=f64), "k": scale * torch.eye(4, dtype=f64)}
+        return ReferenceParams(w=w, b={}, num_heads=2, num_kv_heads=2, rope_base=rope)
+
+    layer = rounding_tolerance(f32, 4, 2, 5, 4)
+    angles = rounding_tolerance(f32, 5, 5)
+    # top = 2 * 1 / sqrt 2 < 1 with the weights scaled by 1/2: the factor is 1
+    small = params(0.5, None)
+    assert tolerance(None, f64, f32, ref, small, probes) == max(math.sqrt(torch.finfo(f64).eps), layer)
+    assert tolerance(None, f64, f64, ref, small, probes) == math.sqrt(torch.finfo(f64).eps)
+    assert tolerance(None, f64, f64, ref, small, probes, f32) == layer
+    assert tolerance(0.125, f64, f32, ref, small, probes) == 0.125
+    # weights x 1000: top = (2000 * 2000) / sqrt 2 (x as its own keys); with RoPE the angles' rounding adds
+    big = params(1000.0, 10000.0)
+    top = 2000.0 * 2000.0 / math.sqrt(2)
+    assert tolerance(None, f64, f32, ref, big, probes) == pytest.approx((layer + angles) * top, rel=1e-12, abs=0)
+    # a float32 reference and float64 outputs: float32's rounding along the layer all the same
+    assert tolerance(None, f32, f64, ref, params(1000.0, None), probes) == pytest.approx(layer * top, rel=1e-12, abs=0)
+
+
+def test_describe_names_the_call_form() -> None:
+    """The words that name a probe in diagnose's errors: shapes, the context, and the mask's kind."""
+    from attnlib.audit.probes import Probe
+    from attnlib.audit.search import _describe
+
+    x = torch.zeros(1, 3, 4, dtype=torch.float64)
+    cross = Probe("cross", x, torch.zeros(1, 5, 4, dtype=torch.float64), None)
+    assert _describe(cross, True, False) == "x of shape (1, 3, 4), context of shape (1, 5, 4) and mask=None"
+    assert _describe(cross, True, False, takes_mask=False) == "x of shape (1, 3, 4), context of shape (1, 5, 4)"
+    padded = Probe("padding", x, None, torch.ones(1, 3, dtype=torch.bool))
+    assert _describe(padded, False, True) == "x of shape (1, 3, 4) and a bool key-padding mask of shape (1, 3)"
+    masked = Probe("causal", x, None, torch.ones(3, 3, dtype=torch.bool))
+    assert _describe(masked, False, False) == "x of shape (1, 3, 4) and a bool mask of shape (3, 3)"
+
+
 # ---- right modules pass ---------------------------------------------------------------------
 
 

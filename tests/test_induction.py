@@ -350,6 +350,49 @@ def test_random_scores_concentrate_near_one_over_sqrt_d() -> None:
     assert c.shape == (200,) and abs(c.mean().item() - 0.125) < 0.02
 
 
+def _diag_fm(*values: float, n: int = 3) -> FactoredMatrix:
+    """diag(values) padded to n x n, as a FactoredMatrix of inner dimension len(values)."""
+    r = len(values)
+    return FactoredMatrix(torch.eye(n, r, dtype=torch.float64) * torch.tensor(values, dtype=torch.float64),
+                          torch.eye(r, n, dtype=torch.float64))
+
+
+def test_composition_values_by_hand() -> None:
+    """Pinned cases: norms below 1 (||A|| ||B|| = 1/4) still give the ratio, not ||AB||; the
+    ceiling pairs the sorted spectra up to the shorter one (rank 1 against rank 2: 2/sqrt(5), not
+    sqrt(5)/sqrt(5)) and per batch entry; a zero denominator gives 0 (the private helper, whose
+    den is 0 only where ||A|| ||B|| rounds to 0)."""
+    half = _diag_fm(0.5)  # ||A|| = 1/2
+    assert composition_score(half, half).item() == 1.0
+    one, b = _diag_fm(1.0), _diag_fm(2.0, 1.0)  # spectra (1,) and (2, 1)
+    assert_rounding_close(composition_ceiling(one, b), torch.tensor(2 / 5 ** 0.5, dtype=torch.float64), 3, 3)
+    a = FactoredMatrix(torch.stack([torch.eye(3, 2, dtype=torch.float64) * torch.tensor([1.0, 0.0], dtype=torch.float64),
+                                    torch.eye(3, 2, dtype=torch.float64)]), torch.eye(2, 3, dtype=torch.float64))
+    want = torch.tensor([2 / 5 ** 0.5, 2 ** -0.5], dtype=torch.float64)  # (1, 0) and (1, 1) against (2, 1)
+    assert_rounding_close(composition_ceiling(a, b), want, 3, 3)
+    from attnlib.induction.composition import _ratio
+
+    got = _ratio(torch.tensor([1.0, 0.25, 3.0, 0.0], dtype=torch.float64), torch.tensor([2.0, 0.5, 0.0, 0.0], dtype=torch.float64))
+    assert torch.equal(got, torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64))
+
+
+def test_composition_refusals_name_the_argument() -> None:
+    m = _diag_fm(1.0)
+    with pytest.raises(TypeError, match="^a must be an attnlib.FactoredMatrix, got Tensor$"):
+        composition_score(torch.eye(3), m)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="^b must be an attnlib.FactoredMatrix, got Tensor$"):
+        composition_score(m, torch.eye(3))  # type: ignore[arg-type]
+
+
+def test_random_scores_are_the_generators_float64_and_allow_full_width_heads() -> None:
+    """d_k = d_model is allowed; the scores are float64 and come from the generator alone (the
+    global RNG is advanced in between and changes nothing)."""
+    first = random_composition_scores(3, 3, 2, torch.Generator().manual_seed(5))
+    torch.randn(4)
+    again = random_composition_scores(3, 3, 2, torch.Generator().manual_seed(5))
+    assert first.dtype == torch.float64 and first.shape == (2,) and torch.equal(first, again)
+
+
 # ---- the explorer ------------------------------------------------------------------------
 def test_composition_explorer_embeds_the_scores() -> None:
     runs = small_runs([0, 1])

@@ -13,7 +13,15 @@ import torch
 
 from attnlib.attention import attention, causal_mask
 from attnlib.blockwise import attend_block, blockwise_attention, split_k_attention, tile_counts
-from attnlib.blockwise_bounds import gradient_rounding_bound, intermediate_bytes, rounding_bound
+from attnlib.blockwise_bounds import (
+    gradient_rounding_bound,
+    intermediate_bytes,
+    output_projection_bound,
+    rounding_bound,
+    share_sum_bound,
+    typical_rounding_bound,
+    worst_and_typical_bounds,
+)
 
 F64 = torch.float64
 
@@ -186,3 +194,185 @@ def test_attend_block_shifts_each_row_by_its_own_maximum() -> None:
     part = attend_block(q, k, v, scale=1.0)
     assert torch.allclose(part.out, torch.tensor([[3.0, 5.0], [5.0, 7.0]], dtype=F64), rtol=0, atol=1e-15)
     assert torch.allclose(part.lse, torch.tensor([math.log(2), 2000.0], dtype=F64), rtol=1e-15, atol=0)
+
+
+# ---- every term of the bounds visible: float16 (tiny = eps / 16), a batch, n_q, d_k, n_k, d_v all different
+F16 = torch.float16
+
+
+def _batch16() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (2, 3, 2), k (2, 4, 2), v (2, 4, 1), float16 integers (exact), and a mask (3, 4) whose last
+    query reads nothing."""
+    q = torch.tensor([[[1, -2], [3, 0], [0, 1]], [[2, 2], [-1, 1], [1, 0]]], dtype=F16)
+    k = torch.tensor([[[1, 1], [-1, 3], [2, 0], [0, -1]], [[1, 0], [0, 2], [-2, 1], [1, 1]]], dtype=F16)
+    v = torch.tensor([[[1], [-2], [3], [0.5]], [[-1], [2], [0], [4]]], dtype=F16)
+    mask = torch.tensor([[True, False, True, True], [True, True, True, False], [False] * 4])
+    return q, k, v, mask
+
+
+def _sizes16(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The weights P (0 on a row that reads nothing), the scores (-inf where masked) and S, in float64."""
+    s = (q.double() @ k.double().mT) * scale
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    big = float((q.double().abs() @ k.double().abs().mT).amax()) * scale
+    return p, s, big
+
+
+def test_worst_typical_and_merged_bounds_are_their_formulas_in_float16() -> None:
+    q, k, v, mask = _batch16()
+    eps, tiny = torch.finfo(F16).eps, torch.finfo(F16).tiny
+    d_k, n_k, merges, lam = 2, 4, 2, 3.0
+    sc = 1 / math.sqrt(d_k)  # the default scale: 1/sqrt(d_k), not 1/sqrt(n_q)
+    p, s, big = _sizes16(q, k, mask, sc)
+    pv = p @ v.double().abs()
+    star = big + math.log(n_k)
+    beta = (d_k + 3) * big + star + 4 * n_k - 1 + 2 * math.log(n_k)
+    count = math.expm1(2 * (d_k + 3) * big * eps) / eps + 6 * n_k + 2 + 2 * beta + merges * (3 * star + 10)
+    floor = 2 * (n_k + merges) * tiny * (3 * 4 + 2)  # max|V| = 4
+    out = (eps * count + 4 * (d_k + 1) * tiny * 1.0) * pv + floor  # max(1, scale) = 1
+    lse = torch.logsumexp(s, -1)
+    lse_abs = torch.where(lse.isfinite(), lse.abs(), torch.zeros_like(lse))
+    lse_b = eps * ((d_k + 3) * big + 4 * n_k - 1 + 2 * math.log(n_k) + lse_abs + merges * (star + 6))
+    typical = eps * lam * (2 * (math.sqrt(d_k) + 3) * big + 2 * math.sqrt(2 * n_k) + 5) * pv + 2 * n_k * tiny * 14
+    got = rounding_bound(q, k, v, mask, merges=merges)
+    assert torch.allclose(got[0], out, rtol=1e-12, atol=0) and torch.allclose(got[1], lse_b, rtol=1e-12, atol=0)
+    assert torch.allclose(typical_rounding_bound(q, k, v, mask, lam=lam), typical, rtol=1e-12, atol=0)
+    both = worst_and_typical_bounds(q, k, v, mask, merges=merges, lam=lam)
+    assert torch.equal(both[0], got[0]) and torch.equal(both[1], got[1])
+    assert torch.allclose(both[2], typical, rtol=1e-12, atol=0)
+    default = (typical - 2 * n_k * tiny * 14) * (8 / lam) + 2 * n_k * tiny * 14  # lam's default is 8
+    assert torch.allclose(typical_rounding_bound(q, k, v, mask), default, rtol=1e-12, atol=0)
+    # a scale above 1 multiplies the tiny term: max(1, scale); no merges by default; lam may be below 1
+    got3 = rounding_bound(q, k, v, mask, scale=3.0)
+    p3, _, big3 = _sizes16(q, k, mask, 3.0)
+    pv3 = p3 @ v.double().abs()
+    out3 = (eps * (math.expm1(2 * 5 * big3 * eps) / eps + 26) + 4 * 3 * tiny * 3.0) * pv3 + 2 * 4 * tiny * 14
+    typical3 = eps * 0.5 * (2 * (math.sqrt(2) + 3) * big3 + 2 * math.sqrt(8) + 5) * pv3 + 2 * 4 * tiny * 14
+    assert torch.allclose(got3[0], out3, rtol=1e-12, atol=0)
+    assert torch.allclose(typical_rounding_bound(q, k, v, mask, 3.0, lam=0.5), typical3, rtol=1e-12, atol=0)
+    both3 = worst_and_typical_bounds(q, k, v, mask, 3.0, lam=0.5)
+    assert torch.equal(both3[0], got3[0]) and torch.equal(both3[1], got3[1])
+    assert torch.allclose(both3[2], typical3, rtol=1e-12, atol=0)
+    # no mask: the softmax runs along the keys of each batch entry
+    p0 = torch.softmax((q.double() @ k.double().mT) * sc, -1)
+    big0 = float((q.double().abs() @ k.double().abs().mT).amax()) * sc
+    out0 = (eps * (math.expm1(2 * 5 * big0 * eps) / eps + 26) + 12 * tiny) * (p0 @ v.double().abs()) + 8 * tiny * 14
+    assert torch.allclose(rounding_bound(q, k, v)[0], out0, rtol=1e-12, atol=0)
+    # a mask of the scores' full shape with two batch dimensions (2, 3) is read entry by entry
+    q0, k0, v0 = _qkv()
+    m0 = torch.tensor([[True, False, True], [False, True, True]])
+    one = rounding_bound(q0, k0, v0, m0)
+    many = rounding_bound(*(t.expand(2, 3, *t.shape) for t in (q0, k0, v0)), m0.expand(2, 3, 2, 3))
+    assert torch.equal(many[0], one[0].expand(2, 3, 2, 2)) and torch.equal(many[1], one[1].expand(2, 3, 2))
+    # a mask with more dimensions than the scores is refused, not broadcast
+    with pytest.raises(ValueError, match=r"mask of shape \(1, 2, 3, 4\) does not broadcast"):
+        rounding_bound(q, k, v, mask.expand(1, 2, 3, 4))
+
+
+def test_gradient_bound_in_float16_where_the_weights_error_dominates() -> None:
+    """Scores large enough in float16 (S = 126) that alpha + d_v, not rho + d_v + n_k, is the larger
+    count of D's error; with a mask, a scale, d_lse and a batch."""
+    q, k, v, mask = _batch16()
+    q = q * 24
+    d_out = torch.tensor([[[1], [-0.5], [2]], [[0.25], [1], [-1]]], dtype=F16)
+    d_lse = torch.tensor([[1, -2, 0.5], [0, 1, 3]], dtype=F16)
+    eps, tiny = torch.finfo(F16).eps, torch.finfo(F16).tiny
+    sc, n_q, n_k, d_k, d_v = 0.75, 3, 4, 2, 1
+    p, _, big = _sizes16(q, k, mask, sc)
+    assert big == 126
+    star = big + math.log(n_k)
+    rho = (2 * d_k + 6) * big + 3 * star + 4 * n_k + 3 + 2 * math.log(n_k)
+    alpha = math.expm1(2 * (d_k + 3) * big * eps) / eps + 6 * n_k + 2
+    assert alpha + d_v > rho + d_v + n_k
+    w = eps * (rho + d_v + alpha + d_v + 5 + max(n_k, n_q))
+    do = d_out.double()
+    x = do.abs() @ v.double().abs().mT + (do.abs() * (p @ v.double().abs())).sum(-1, keepdim=True) + d_lse.double().abs()[..., None]
+    ds = p * x * sc
+    xs = float(x.amax()) * sc + 2
+    dq, dk, dv = gradient_rounding_bound(q, k, v, d_out, mask, sc, d_lse)
+    assert torch.allclose(dq, w * (ds @ k.double().abs()) + 2 * n_k * tiny * (xs * 3 + 1), rtol=1e-12, atol=0)  # max|K| = 3
+    assert torch.allclose(dk, w * (ds.mT @ q.double().abs()) + 2 * n_q * tiny * (xs * 72 + 1), rtol=1e-12, atol=0)  # max|Q| = 72
+    assert torch.allclose(dv, w * (p.mT @ do.abs()) + 2 * n_q * tiny * (2 + 1), rtol=1e-12, atol=0)  # max|dO| = 2
+    assert dq.shape == (2, 3, 2) and dk.shape == (2, 4, 2) and dv.shape == (2, 4, 1)
+    # d_lse is made float64 before its absolute value: an int8 -128 counts 128 (int8's abs(-128) is -128)
+    as_int = gradient_rounding_bound(q, k, v, d_out, mask, sc, torch.tensor([[-128, 0, 0], [0, 0, 0]], dtype=torch.int8))
+    as_float = gradient_rounding_bound(q, k, v, d_out, mask, sc, torch.tensor([[128.0, 0, 0], [0, 0, 0]], dtype=F16))
+    assert all(torch.equal(a, b) for a, b in zip(as_int, as_float))
+
+
+def test_share_sum_bound_is_its_formula() -> None:
+    """e^x - 1 with x = u (|lse| + 2K + 2 + 5 ln K) for one log-sum-exp, u (r (|lse| + ln K + 3) + K + 1
+    + ln K) after r merges; 0 where lse is infinite."""
+    lse = torch.tensor([-3.0, float("inf"), 2.5], dtype=F16)
+    size = torch.tensor([3.0, 0.0, 2.5], dtype=F64)
+    finite = torch.tensor([1.0, 0.0, 1.0], dtype=F64)
+    for dtype, u in ((None, torch.finfo(F16).eps / 2), (torch.float32, torch.finfo(torch.float32).eps / 2)):
+        got = share_sum_bound(lse, 3, dtype)
+        want = torch.expm1(u * (size + 2 * 3 + 2 + 5 * math.log(3))) * finite
+        assert got.dtype == F64 and torch.allclose(got, want, rtol=1e-12, atol=0)
+    u16 = torch.finfo(F16).eps / 2
+    assert torch.allclose(share_sum_bound(lse, 1), torch.expm1(u16 * (size + 4)) * finite, rtol=1e-12, atol=0)
+    merged = torch.expm1(u16 * (2 * (size + math.log(3) + 3) + 3 + 1 + math.log(3))) * finite
+    assert torch.allclose(share_sum_bound(lse, 3, merges=2), merged, rtol=1e-12, atol=0)
+
+
+def test_output_projection_bound_is_its_formula() -> None:
+    """heads (2, h = 2, n = 3, d_v = 2), W^O (4, d_model = 3), b^O, all float16: the concatenation
+    puts head 1's columns after head 0's, per batch entry."""
+    heads = torch.arange(24, dtype=F16).reshape(2, 2, 3, 2) - 11
+    bound = torch.arange(24, dtype=F16).reshape(2, 2, 3, 2) / 8
+    w_o = torch.tensor([[1, -2, 0], [3, 1, -1], [0, 2, 2], [-1, 0, 1]], dtype=F16)
+    b_o = torch.tensor([1, -3, 0.5], dtype=F16)
+    eps, tiny = torch.finfo(F16).eps, torch.finfo(F16).tiny
+
+    def concat(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[..., 0, :, :], t[..., 1, :, :]], -1).double()  # (..., n, h*d_v)
+
+    w = w_o.double().abs()
+    want = concat(bound) @ w + eps * 5 * (concat(heads).abs() @ w + b_o.double().abs()) + 2 * 5 * tiny
+    got = output_projection_bound(bound, heads, w_o, b_o)
+    assert got.dtype == F64 and got.shape == (2, 3, 3) and torch.allclose(got, want, rtol=1e-12, atol=0)
+    # b^O is made float64 before its absolute value: an int8 -128 counts 128
+    as_int = output_projection_bound(bound, heads, w_o, torch.tensor([-128, 0, 1], dtype=torch.int8))
+    assert torch.equal(as_int, output_projection_bound(bound, heads, w_o, torch.tensor([128.0, 0, 1], dtype=F16)))
+    one = output_projection_bound(bound[0], heads[0], w_o)  # one (h, n, d_v), no bias
+    assert torch.allclose(one, (concat(bound) @ w + eps * 5 * (concat(heads).abs() @ w) + 2 * 5 * tiny)[0], rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match=r"^heads must have shape \(\.\.\., h, n, d_v\) and head_bound the same, got \(3, 2\) and \(3, 2\)$"):
+        output_projection_bound(bound[0, 0], heads[0, 0], w_o)
+    with pytest.raises(ValueError, match=r"got \(2, 3, 2\) and \(2, 3, 1\)$"):
+        output_projection_bound(bound[0, :, :, :1], heads[0], w_o)
+    with pytest.raises(ValueError, match=r"^w_o must have shape \(4, d_model\) for 2 heads of width 2, got \(3, 3\)$"):
+        output_projection_bound(bound, heads, w_o[:3])
+    for i, name in enumerate(("head_bound", "heads", "w_o")):
+        args: list[object] = [bound, heads, w_o]
+        args[i] = 1.0
+        with pytest.raises(TypeError, match=f"^{name} must be a torch.Tensor"):
+            output_projection_bound(*args)  # type: ignore[arg-type]
+
+
+def test_bound_argument_refusals() -> None:
+    q, k, v = _qkv()
+    for merges in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="merges must be an int >= 0"):
+            rounding_bound(q, k, v, merges=merges)  # type: ignore[arg-type]
+    for lam in (0, -1.0, True, "8"):
+        with pytest.raises(ValueError, match="lam must be a number > 0"):
+            typical_rounding_bound(q, k, v, lam=lam)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="lam must be a number > 0"):
+            worst_and_typical_bounds(q, k, v, lam=lam)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="merges must be an int >= 0"):
+        worst_and_typical_bounds(q, k, v, merges=-1)
+    for name in ("n_k", "d_v", "batch"):
+        args = dict(n_q=4, n_k=6, d_v=3, batch=1) | {name: 0}
+        with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
+            intermediate_bytes(**args)
+
+
+def test_weights_error_is_infinite_from_x_700() -> None:
+    """(e^x - 1) / eps for x = 2 (d_k + 3) S eps, infinite from x = 700 on: at x = 700 exactly
+    (d_k = 2, S = 8960, eps = 2^-7, bfloat16's) the finite value would be 1.3e306."""
+    from attnlib.blockwise_bounds import _weights_error
+
+    assert _weights_error(2, 8960.0, 2.0 ** -7) == math.inf and _weights_error(2, 1e9, 2.0 ** -7) == math.inf
+    assert _weights_error(2, 8959.0, 2.0 ** -7) == math.expm1(10 * 8959.0 * 2.0 ** -7) / 2.0 ** -7
