@@ -14,9 +14,10 @@ property test the example count its file names
 (``strategies.examples``); ``dev`` gives each a tenth of it (at least one), for a quick
 run while editing: ``pytest --hypothesis-profile=dev`` or ``HYPOTHESIS_PROFILE=dev``;
 ``thorough`` gives the bound-hunting properties (``strategies.hunt``, in
-``tests/test_bounds_search.py``) at least 2,000 examples each, where ``ci`` gives them a
-few: ``pytest tests/test_bounds_search.py --hypothesis-profile=thorough``, which
-``.ci/run`` runs after ``make test``. With ``CI`` set (GitHub Actions, .ci/run) the
+``tests/test_bounds_search.py`` and ``tests/test_blockwise_bounds.py``) at least 2,000
+examples each, where ``ci`` gives them a few: ``pytest tests/test_bounds_search.py
+tests/test_blockwise_bounds.py --hypothesis-profile=thorough``, which ``.ci/run`` runs
+after ``make test``. With ``CI`` set (GitHub Actions, .ci/run) the
 environment variable is ignored and only an explicit ``--hypothesis-profile`` chooses
 another profile. A fourth, ``mutants``, is for ``make mutants`` only (scripts/mutants.py
 passes it).

@@ -44,7 +44,7 @@ HUNT_THOROUGH = 2000  # examples of each bound hunt under the thorough profile
 
 
 def hunt(n: int) -> settings:
-    """A bound hunt (``tests/test_bounds_search.py``): ``n`` examples under ``ci`` (kept
+    """A bound hunt (``tests/test_bounds_search.py``, ``tests/test_blockwise_bounds.py``): ``n`` examples under ``ci`` (kept
     small: ``make test`` has a time budget), at least :data:`HUNT_THOROUGH` under the
     ``thorough`` profile that ``.ci/run`` runs after ``make test``, a tenth under ``dev``.
     No deadline, and no health check against filtering: a hunt steers towards inputs most
