@@ -173,7 +173,9 @@ def read_linear_heads(
         for role, pair in zip("qkv", head):
             per_role[role].append(_check_pair(f"heads[{i}].{role}", tuple(pair) if isinstance(pair, list) else pair))
     w0 = per_role["q"][0][0]
-    d_k, d = (int(w0.shape[0]), int(w0.shape[1])) if w0.dim() == 2 else (-1, -1)
+    if w0.dim() != 2:
+        raise ValueError(f"heads[0].q weight must be a matrix (d_k, d_model), got {format_shape(w0)}")
+    d_k, d = int(w0.shape[0]), int(w0.shape[1])
     for role, pairs in per_role.items():
         for i, (w, _) in enumerate(pairs):
             if tuple(w.shape) != (d_k, d):
