@@ -72,7 +72,7 @@ class _Allocations(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         given = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
         for t in tree_leaves(out):
-            if not isinstance(t, Tensor):
+            if not isinstance(t, Tensor) or t.device.type == "meta":  # a meta tensor holds no memory
                 continue
             storage = t.untyped_storage()
             key = storage.data_ptr()
@@ -91,7 +91,9 @@ def peak_live_bytes(fn: Callable[[], Any]) -> int:
     Tracked op by op (``torch.utils._python_dispatch.TorchDispatchMode``): a tensor counts
     from the op that allocates its storage to the death of the last tensor on it. What one
     kernel allocates and frees inside itself (a BLAS packing buffer) is not a tensor and is
-    not seen; nor is memory that PyTorch's caching or the C library keeps after a free.
+    not seen; nor is memory that PyTorch's caching or the C library keeps after a free. Tensors
+    on the ``meta`` device (shapes only, as argument checks build them) hold no memory and are
+    not counted.
     """
     mode = _Allocations()
     with mode:

@@ -155,8 +155,8 @@ def make_variants(q: Tensor, k: Tensor, v: Tensor, block: int, names: list[str])
 
 
 def check_agreement(fns: dict[str, Callable[[], Tensor]], q: Tensor, k: Tensor, v: Tensor) -> float:
-    """The gate: each variant's output on the rows of :func:`gate_rows` (one in every tile of 256
-    queries, at least 64) within the typical-error tolerance of float64 attention (and within the
+    """The gate: each variant's output, of shape ``(n, d_v)``, on the rows of :func:`gate_rows` (one
+    in every tile of 256 queries, at least 64) within the typical-error tolerance of float64 attention (and within the
     worst-case bound); the SDPA variants checked under their own backend only, and against
     torch's own choice. Returns the largest gap / tolerance."""
     rows = gate_rows(q.shape[0])
@@ -173,6 +173,8 @@ def check_agreement(fns: dict[str, Callable[[], Tensor]], q: Tensor, k: Tensor, 
                 out = fn()
         else:
             out = fn()
+        if out.shape != (q.shape[0], v.shape[-1]):  # a missing or extra row would pass the rows read
+            raise AssertionError(f"{name} returns shape {tuple(out.shape)}, not (n, d_v) = {(q.shape[0], v.shape[-1])}")
         gap = (out[rows].double() - ref).abs()
         if not (gap <= proof).all():
             raise AssertionError(f"{name} differs from float64 attention by {gap.max():.3g}, over the worst-case bound")

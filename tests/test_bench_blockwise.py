@@ -71,6 +71,10 @@ def test_the_gate_refuses_a_dropped_tile_and_a_math_path_called_flash() -> None:
         dropped = {"blockwise": lambda: blockwise_attention(q, k[:-256], v[:-256], block_q=256, block_k=256).out}
         with pytest.raises(AssertionError, match="over the (worst-case bound|typical-error tolerance)"):
             bench.check_agreement(dropped, q, k, v)
+        for short in (lambda: blockwise_attention(q[:-1], k, v).out,  # a row missing, an extra row
+                      lambda: torch.cat([blockwise_attention(q, k, v).out, torch.full((1, 64), 1e9)])):
+            with pytest.raises(AssertionError, match=r"returns shape \((2047|2049), 64\), not \(n, d_v\) = \(2048, 64\)"):
+                bench.check_agreement({"blockwise": short}, q, k, v)
         three_d = {"sdpa_flash": lambda: F.scaled_dot_product_attention(q[None], k[None], v[None])[0]}
         with pytest.raises(RuntimeError, match="No available kernel"):  # 3-D: only the math path would run
             bench.check_agreement(three_d, q, k, v)

@@ -43,6 +43,7 @@ def test_peak_live_bytes_leaves_out_inputs_and_output_and_sees_frees() -> None:
     assert peak_live_bytes(lambda: ((x * 2) * 3)[:1]) == 4000  # the first dies before the second
     kept: list[torch.Tensor] = []
     assert peak_live_bytes(lambda: kept.append(x[None] * 2) or kept.append(x * 3)) == 8000  # held at once
+    assert peak_live_bytes(lambda: kept.append(torch.empty(1000, 1000, device="meta")) or x + 1) == 0  # no memory
 
 
 # ---- bytes moved -----------------------------------------------------------------------------------------
