@@ -7,8 +7,8 @@ One head, ``n`` queries against ``n`` keys of width ``d = 64``, float32, for ``n
 ``sdpa_flash``         ``torch.nn.functional.scaled_dot_product_attention`` on 4-D ``(1, 1, n, d)``
                        inputs: torch's fused FlashAttention kernel (C++), its choice asserted
 ``blockwise``          ``attnlib.blockwise.blockwise_attention``, tiles of 256 x 256, a Python loop
-``written_out``        ``attnlib.attention``: the scores and the weights written out, two fresh
-                       ``n x n`` matrices at every call
+``written_out``        ``attnlib.attention``: the scores, their scaled copy and the weights written
+                       out, three fresh ``n x n`` matrices at every call (two alive at once)
 ``written_out_reuse``  the same arithmetic into one ``n x n`` buffer allocated once and reused
                        (:func:`written_out_into`: ``S``, softmax in place, ``P V``)
 ``sdpa_math``          ``scaled_dot_product_attention``'s math path (forced with ``sdpa_kernel``):
