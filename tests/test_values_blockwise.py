@@ -376,3 +376,135 @@ def test_weights_error_is_infinite_from_x_700() -> None:
 
     assert _weights_error(2, 8960.0, 2.0 ** -7) == math.inf and _weights_error(2, 1e9, 2.0 ** -7) == math.inf
     assert _weights_error(2, 8959.0, 2.0 ** -7) == math.expm1(10 * 8959.0 * 2.0 ** -7) / 2.0 ** -7
+
+
+# ---- blockwise's survivors of the fifth round (make mutants) ------------------------------------
+def test_default_tiles_are_128_by_128() -> None:
+    """129 queries and keys with the default block sizes: 2 x 2 tiles (128 + 1 each way)."""
+    x = torch.zeros(129, 1, dtype=F64)
+    assert blockwise_attention(x, x, x)[2:] == (4, 0)
+
+
+def test_each_query_tile_row_keeps_its_own_running_maximum() -> None:
+    """attend_block's two rows (scores 0 and 0, 1000 and 2000) in one query tile, one key per key
+    tile: one shift for the whole tile (its largest score) would send row 0's weights to 0."""
+    q = torch.tensor([[0.0, 0.0], [1000.0, 0.0]], dtype=F64)
+    k = torch.tensor([[1.0, 0.0], [2.0, 0.0]], dtype=F64)
+    v = torch.tensor([[1.0, 3.0], [5.0, 7.0]], dtype=F64)
+    r = blockwise_attention(q, k, v, scale=1.0, block_k=1)
+    assert torch.equal(r.out, torch.tensor([[3.0, 5.0], [5.0, 7.0]], dtype=F64))
+    assert torch.equal(r.lse, torch.tensor([math.log(2), 2000.0], dtype=F64))
+
+
+def _one_key_each() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (3, 2) integers and v (3, 2); with causal=True the mask leaves each query one key
+    (0, 1, 0), so the output is that key's value row and the log-sum-exp its score, exactly."""
+    q = torch.tensor([[1.0, 2.0], [0.0, -1.0], [3.0, 1.0]], dtype=F64)
+    k = torch.tensor([[2.0, 0.0], [1.0, 1.0], [-1.0, 2.0]], dtype=F64)
+    v = torch.tensor([[1.0, -2.0], [3.0, 0.5], [7.0, 5.0]], dtype=F64)
+    mask = torch.tensor([[True, True, True], [False, True, True], [True, False, False]])
+    return q, k, v, mask
+
+
+def test_causal_and_a_mask_combine_in_a_tile_the_diagonal_crosses() -> None:
+    """One 3 x 3 tile, crossed by the diagonal: the causal rule AND the mask (not either alone, not OR)."""
+    q, k, v, mask = _one_key_each()
+    r = blockwise_attention(q, k, v, mask, scale=1.0, causal=True, block_q=3, block_k=3)
+    assert torch.equal(r.out, v[[0, 1, 0]])
+    assert torch.equal(r.lse, torch.tensor([2.0, -1.0, 6.0], dtype=F64))  # q_0.k_0, q_1.k_1, q_2.k_0
+    assert r[2:] == (1, 0)
+
+
+def test_causal_tiles_are_made_on_the_inputs_device_not_the_default_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a default device of "meta" (standing in for a CPU default with inputs on a GPU), the
+    forward's causal tiles are made on the inputs' device: the results are the ones computed
+    without it, bit for bit. The backward runs outside that context (autograd does not carry it),
+    so there the device each causal tile is asked for is recorded: the inputs', in both loops."""
+    import attnlib.blockwise as bw
+
+    devices: list[object] = []
+    make = bw._causal_tile
+    monkeypatch.setattr(bw, "_causal_tile", lambda *a: devices.append(a[-1]) or make(*a))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, generator=g, dtype=F64) for _ in range(3))
+    results = []
+    for device in ("cpu", "meta"):
+        got = []
+        for order in ("kv_outer", "q_outer"):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            with torch.device(device):
+                r = blockwise_attention(*leaves, causal=True, block_q=2, block_k=2, backward_order=order)
+            got += [r.out, r.lse, *torch.autograd.grad(r.out.sum() + r.lse.sum(), leaves)]
+        results.append(got)
+    assert all(a.device.type == "cpu" and torch.equal(a, b) for a, b in zip(*results))
+    assert len(devices) == 8 and set(devices) == {torch.device("cpu")}  # 1 tile crossed: 4 forwards, 4 backwards
+
+
+def test_q_outer_backward_reads_d_lse_and_goes_on_past_an_empty_tile() -> None:
+    """The query-outer loop, with the log-sum-exp in the loss and a mask whose first key tile is
+    empty for every query: the same gradients as the key-outer loop, bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, n, 2, generator=g, dtype=F64) for n in (3, 4, 4))
+    mask = torch.tensor([[False, False, True, False], [False, False, True, True], [False, False, False, True]])
+    grads = []
+    for order in ("q_outer", "kv_outer"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        r = blockwise_attention(*leaves, mask, block_q=2, block_k=2, backward_order=order)
+        assert r[2:] == (2, 2)  # key tile 0 is empty for both query tiles
+        grads.append(torch.autograd.grad((r.out * v[:, :3]).sum() + (r.lse * q[..., 0]).sum(), leaves))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_backward_order_picks_its_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"kv_outer" (the default) runs the key-outer loop, "q_outer" the query-outer one."""
+    import attnlib.blockwise as bw
+
+    calls: list[str] = []
+    for name in ("_backward", "_backward_kv_outer"):
+        monkeypatch.setattr(bw, name, lambda *a, _f=getattr(bw, name), _n=name: calls.append(_n) or _f(*a))
+    q, k, v, _ = _one_key_each()
+    for kwargs in ({}, {"backward_order": "kv_outer"}, {"backward_order": "q_outer"}):
+        leaf = q.clone().requires_grad_()
+        blockwise_attention(leaf, k, v, **kwargs).out.sum().backward()
+    assert calls == ["_backward_kv_outer", "_backward_kv_outer", "_backward"]
+
+
+def test_split_k_workers_get_all_queries_in_one_tile_and_the_key_tile_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnlib.blockwise as bw
+
+    seen: list[tuple[object, object]] = []
+    inner = bw.blockwise_attention
+    monkeypatch.setattr(bw, "blockwise_attention",
+                        lambda *a, **kw: seen.append((kw.get("block_q"), kw.get("block_k"))) or inner(*a, **kw))
+    q, k, v, _ = _one_key_each()
+    split_k_attention(q, k, v, num_splits=2, block_k=2)
+    split_k_attention(q[:2], k, v, num_splits=1)
+    assert seen == [(3, 2), (3, 2), (2, 128)]
+
+
+def test_split_k_with_a_scale_more_queries_than_keys_and_one_query() -> None:
+    """Three queries, two keys, one per worker: each partial is its key's value row, with the scaled
+    score as log-sum-exp (exact: integers times 0.5); for a single query (d_k,) the partials lose
+    the query axis too."""
+    q, k, v, _ = _one_key_each()
+    k, v = k[:2], v[:2]
+    s = (q @ k.T) * 0.5  # (3, 2)
+    out, parts = split_k_attention(q, k, v, scale=0.5, num_splits=2)
+    for w, p in enumerate(parts):
+        assert torch.equal(p.out, v[w].expand(3, 2)) and torch.equal(p.lse, s[:, w])
+    assert torch.allclose(out, attention(q, k, v, scale=0.5)[0], rtol=0, atol=1e-15)
+    one, parts1 = split_k_attention(q[2], k, v, scale=0.5, num_splits=2)
+    assert torch.equal(one, out[2])
+    for w, p in enumerate(parts1):
+        assert torch.equal(p.out, v[w]) and torch.equal(p.lse, s[2, w])
+
+
+def test_tile_counts_and_a_single_querys_mask_name_what_they_refuse() -> None:
+    for i, name in enumerate(("n_q", "n_k", "block_q", "block_k")):
+        args = [4, 4, 2, 2]
+        args[i] = 0
+        with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
+            tile_counts(*args)
+    q, k, _, _ = _one_key_each()
+    with pytest.raises(ValueError, match=r"^mask of shape \(2,\) does not broadcast to the scores' shape \(3,\)$"):
+        blockwise_attention(q[0], k, k, torch.ones(2, dtype=torch.bool))
