@@ -508,3 +508,13 @@ def test_tile_counts_and_a_single_querys_mask_name_what_they_refuse() -> None:
     q, k, _, _ = _one_key_each()
     with pytest.raises(ValueError, match=r"^mask of shape \(2,\) does not broadcast to the scores' shape \(3,\)$"):
         blockwise_attention(q[0], k, k, torch.ones(2, dtype=torch.bool))
+
+
+# ---- blockwise_bounds' survivors of the fifth round ----------------------------------------------
+def test_share_sum_bound_is_infinite_from_x_700() -> None:
+    """One part, float16's u = 2^-11: x = u (|lse| + 4) is exactly 700 at |lse| = 700 * 2^11 - 4,
+    where the bound is inf (e^700 - 1 would still be finite); 2 less gives x = 700 - 2^-10, finite."""
+    lse = torch.tensor([700 * 2048 - 4.0, 4 - 700 * 2048.0, 700 * 2048 - 6.0], dtype=F64)
+    got = share_sum_bound(lse, 1, F16)
+    assert got[0] == math.inf and got[1] == math.inf
+    assert float(got[2]) == pytest.approx(math.expm1(700 - 2.0 ** -10), rel=1e-14, abs=0)
