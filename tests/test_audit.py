@@ -414,6 +414,28 @@ def test_describe_names_the_call_form() -> None:
     assert _describe(masked, False, False) == "x of shape (1, 3, 4) and a bool mask of shape (3, 3)"
 
 
+def test_call_names_the_call_form_in_its_errors() -> None:
+    """_call's errors start with the call as your forward got it: the arguments, then the probe
+    (context and the mask's kind included), then the reference's width."""
+    from attnlib.audit.probes import Probe
+    from attnlib.audit.search import _call
+
+    x = torch.zeros(1, 3, 4, dtype=torch.float64)
+    cross = Probe("cross", x, torch.zeros(1, 5, 4, dtype=torch.float64), None)
+    padded = Probe("padding", x, None, torch.ones(1, 3, dtype=torch.bool))
+    cpu, f64 = torch.device("cpu"), torch.float64
+    cases = [
+        (cross, True, False, True, "forward(x, context, mask) with x of shape (1, 3, 4), context of shape (1, 5, 4) "
+                                   "and mask=None"),
+        (cross, False, False, False, "forward(x) with x of shape (1, 3, 4)"),
+        (padded, False, True, True, "forward(x, mask) with x of shape (1, 3, 4) and a bool key-padding mask of shape (1, 3)"),
+    ]
+    for probe, is_cross, padding, takes_mask, where in cases:
+        with pytest.raises(TypeError) as info:
+            _call(lambda *a: (a[0],), probe, f64, cpu, is_cross, padding, 4, takes_mask)
+        assert str(info.value).startswith(f"{where} (reference.d_model = 4) returned a tuple;")
+
+
 # ---- right modules pass ---------------------------------------------------------------------
 
 
