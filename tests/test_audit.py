@@ -436,6 +436,21 @@ def test_call_names_the_call_form_in_its_errors() -> None:
         assert str(info.value).startswith(f"{where} (reference.d_model = 4) returned a tuple;")
 
 
+def test_call_gives_your_forward_its_inputs_on_the_references_device() -> None:
+    """x, the context and the mask go to the device _call is given (the reference's): "meta" here,
+    standing in for a GPU."""
+    from attnlib.audit.probes import Probe
+    from attnlib.audit.search import _call
+
+    probe = Probe("cross", torch.zeros(1, 3, 4, dtype=torch.float64), torch.zeros(1, 5, 4, dtype=torch.float64),
+                  torch.ones(3, 5, dtype=torch.bool))
+    seen: list[tuple[str, ...]] = []
+    with pytest.raises(TypeError, match="returned a tuple"):  # before anything reads the meta output
+        _call(lambda *a: seen.append(tuple(t.device.type for t in a)) or (a[0],), probe, torch.float32,
+              torch.device("meta"), True, False, 4, True)
+    assert seen == [("meta", "meta", "meta")]
+
+
 # ---- right modules pass ---------------------------------------------------------------------
 
 
