@@ -431,8 +431,9 @@ def test_call_names_the_call_form_in_its_errors() -> None:
         (padded, False, True, True, "forward(x, mask) with x of shape (1, 3, 4) and a bool key-padding mask of shape (1, 3)"),
     ]
     for probe, is_cross, padding, takes_mask, where in cases:
+        n_args = 1 + is_cross + takes_mask  # a forward that takes exactly the arguments of its form
         with pytest.raises(TypeError) as info:
-            _call(lambda *a: (a[0],), probe, f64, cpu, is_cross, padding, 4, takes_mask)
+            _call(lambda *a: (a[0],) if len(a) == n_args else None, probe, f64, cpu, is_cross, padding, 4, takes_mask)
         assert str(info.value).startswith(f"{where} (reference.d_model = 4) returned a tuple;")
 
 
@@ -449,6 +450,52 @@ def test_call_gives_your_forward_its_inputs_on_the_references_device() -> None:
         _call(lambda *a: seen.append(tuple(t.device.type for t in a)) or (a[0],), probe, torch.float32,
               torch.device("meta"), True, False, 4, True)
     assert seen == [("meta", "meta", "meta")]
+
+
+def test_call_runs_your_forward_or_says_why_not() -> None:
+    """_call runs your forward without gradients and returns its output detached; a forward that
+    raises is named with its call, where it raised and what to check, except on a cross probe whose
+    query and key lengths differ (a Raised, part of the diagnosis); a wrong output type or shape is
+    named too."""
+    from attnlib.audit.matcher import Raised
+    from attnlib.audit.probes import Probe
+    from attnlib.audit.search import _call
+
+    x = torch.arange(12, dtype=torch.float64).reshape(1, 3, 4)
+    cpu, f64 = torch.device("cpu"), torch.float64
+    plain = Probe("no mask", x, None, None)
+    grad: list[bool] = []
+    out = _call(lambda t: grad.append(torch.is_grad_enabled()) or (t * 2).requires_grad_(), plain, f64, cpu,
+                False, False, 4, False)
+    assert grad == [False] and isinstance(out, Tensor) and torch.equal(out, x * 2) and not out.requires_grad
+
+    def boom(*args: Tensor) -> Tensor:
+        raise RuntimeError("boom")
+
+    tail = r"raised RuntimeError in your adapter, boom \(line \d+\), outside your module: boom\. Does reference have your module's width, "
+    padded = Probe("padding", x, None, torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^forward\(x, mask\) with x of shape \(1, 3, 4\) and a bool key-padding mask of shape "
+                       r"\(1, 3\) \(reference.d_model = 4\) " + tail + r"does your forward accept mask=None and a bool "
+                       r"\(B, n_k\) key-padding mask, True = real token, and does it take torch.float64 inputs \(else pass dtype=\)\?$"):
+        _call(boom, padded, f64, cpu, False, True, 4, True)
+    with pytest.raises(ValueError, match=r"^forward\(x\) with x of shape \(1, 3, 4\) \(reference.d_model = 4\) " + tail
+                       + r"does your forward take x alone \(takes_mask=False\), and does it take torch.float32 inputs"):
+        _call(boom, plain, torch.float32, cpu, False, False, 4, False)
+    with pytest.raises(ValueError, match=r"^forward\(x, mask\) with x of shape \(1, 3, 4\) and mask=None \(reference.d_model = 4\) "
+                       r"raised TypeError in your forward: "):  # a torch module: refused in torch's code, not an adapter's
+        _call(nn.Identity(), plain, f64, cpu, False, False, 4, True)
+    square = Probe("cross", x, torch.zeros(1, 3, 4, dtype=f64), torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^forward\(x, context, mask\) .* a bool \(n, n\) mask, True = may attend, "):
+        _call(boom, square, f64, cpu, True, False, 4, True)  # n_q = n_k: your forward's error, not a diagnosis
+    longer = Probe("cross", x, torch.zeros(1, 5, 4, dtype=f64), None)
+    raised = _call(boom, longer, f64, cpu, True, False, 4, True)
+    assert isinstance(raised, Raised) and raised.text == "RuntimeError: boom"
+    with pytest.raises(TypeError, match=r"^forward\(x\) with x of shape \(1, 3, 4\) \(reference.d_model = 4\) must return a "
+                       r"torch.Tensor of shape \(1, 3, 4\), got list$"):
+        _call(lambda t: [t], plain, f64, cpu, False, False, 4, False)
+    with pytest.raises(ValueError, match=r"^forward\(x\) with x of shape \(1, 3, 4\) \(reference.d_model = 4\) must return "
+                       r"shape \(B, n, d_model\) = \(1, 3, 4\), got \(1, 3, 5\)$"):
+        _call(lambda t: torch.zeros(1, 3, 5), plain, f64, cpu, False, False, 4, False)
 
 
 # ---- right modules pass ---------------------------------------------------------------------
