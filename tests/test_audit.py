@@ -399,6 +399,24 @@ def test_tolerance_is_its_formula() -> None:
     assert tolerance(None, f32, f64, ref, params(1000.0, None), probes) == pytest.approx(layer * top, rel=1e-12, abs=0)
 
 
+def test_large_scale_spreads_head_0s_scores_over_large_scores() -> None:
+    """_large_scale: the input scale s at which head 0's scores (no bias) of 8 seeded float64 inputs
+    have a standard deviation of LARGE_SCORES (s^2 scales them); 1e-12 stands for a zero spread."""
+    from attnlib.audit.engine import ReferenceParams
+    from attnlib.audit.probes import LARGE_SCORES
+    from attnlib.audit.search import _large_scale
+
+    ref = reference()  # d_model = 12, 3 heads of d_k = 4
+    w = ReferenceParams.of(ref, torch.float64)
+    s = _large_scale(w, 12)
+    x = torch.randn(8, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * s
+    q, k = x @ w.w["q"][:, :4], x @ w.w["k"][:, :4]
+    assert float((q @ k.T).std()) / 2 == pytest.approx(LARGE_SCORES, rel=1e-12, abs=0)
+    with torch.no_grad():
+        ref.w_q.zero_()
+    assert _large_scale(ReferenceParams.of(ref, torch.float64), 12) == pytest.approx(1e9, rel=1e-15, abs=0)
+
+
 def test_describe_names_the_call_form() -> None:
     """The words that name a probe in diagnose's errors: shapes, the context, and the mask's kind."""
     from attnlib.audit.probes import Probe
