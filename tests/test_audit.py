@@ -839,6 +839,21 @@ def test_property_planted_bug_is_found_or_honestly_undetectable(h: int, d_k: int
         assert not report.ok and (bug,) in report.explanations, (h, d_k, seed, bug, report.explanations)
 
 
+def test_diagnose_seeds_0_by_default_and_names_what_it_refuses() -> None:
+    """The default seed is 0 (seed 1's probes give other rounding errors); a compute_dtype that is
+    not a floating dtype is refused by that name; a half dtype is named without "torch."."""
+    from attnlib.audit.search import _refuse_half
+
+    ref = reference()
+    module = learner(ref)
+    default, zero, one = (dict(diagnose(module, ref, **kw).errors) for kw in ({}, {"seed": 0}, {"seed": 1}))
+    assert default == zero and default != one
+    with pytest.raises(TypeError, match=r"^compute_dtype must be a floating torch.dtype or None, got torch.int32$"):
+        diagnose(module, ref, compute_dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^your module computes in bfloat16: diagnose compares float32 or float64"):
+        _refuse_half("your module", torch.bfloat16)
+
+
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_half_precision_is_refused_with_what_to_do(half: torch.dtype) -> None:
     """bfloat16 rounding is as large as some bugs, and float16 overflows the large-scores
