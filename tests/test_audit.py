@@ -841,7 +841,8 @@ def test_property_planted_bug_is_found_or_honestly_undetectable(h: int, d_k: int
 
 def test_diagnose_seeds_0_by_default_and_names_what_it_refuses() -> None:
     """The default seed is 0 (seed 1's probes give other rounding errors); a compute_dtype that is
-    not a floating dtype is refused by that name; a half dtype is named without "torch."."""
+    not a floating dtype is refused by that name, and an rtol that is not a positive number (a bool
+    included); a half dtype is named without "torch."."""
     from attnlib.audit.search import _refuse_half
 
     ref = reference()
@@ -850,6 +851,9 @@ def test_diagnose_seeds_0_by_default_and_names_what_it_refuses() -> None:
     assert default == zero and default != one
     with pytest.raises(TypeError, match=r"^compute_dtype must be a floating torch.dtype or None, got torch.int32$"):
         diagnose(module, ref, compute_dtype=torch.int32)
+    for bad in (True, "1e-3", 0.0):  # a bool is not a tolerance; a string is refused, not compared
+        with pytest.raises(ValueError, match=f"^rtol must be a positive number, got {bad!r}$".replace(".", r"\.")):
+            diagnose(module, ref, rtol=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^your module computes in bfloat16: diagnose compares float32 or float64"):
         _refuse_half("your module", torch.bfloat16)
 
