@@ -840,15 +840,17 @@ def test_property_planted_bug_is_found_or_honestly_undetectable(h: int, d_k: int
 
 
 def test_diagnose_seeds_0_by_default_and_names_what_it_refuses() -> None:
-    """The default seed is 0 (seed 1's probes give other rounding errors); a compute_dtype that is
-    not a floating dtype is refused by that name, and an rtol that is not a positive number (a bool
-    included); a half dtype is named without "torch."."""
+    """The default seed is 0 (seed 1's probes give other rounding errors); an rtol given is used;
+    a compute_dtype that is not a floating dtype is refused by that name, and an rtol that is not a
+    positive number (a bool included); a half dtype is named without "torch."."""
     from attnlib.audit.search import _refuse_half
 
     ref = reference()
     module = learner(ref)
     default, zero, one = (dict(diagnose(module, ref, **kw).errors) for kw in ({}, {"seed": 0}, {"seed": 1}))
     assert default == zero and default != one
+    given = diagnose(module, ref, rtol=1).rtol  # an rtol given is the one used, as a float
+    assert given == 1.0 and type(given) is float
     with pytest.raises(TypeError, match=r"^compute_dtype must be a floating torch.dtype or None, got torch.int32$"):
         diagnose(module, ref, compute_dtype=torch.int32)
     for bad in (True, "1e-3", 0.0):  # a bool is not a tolerance; a string is refused, not compared
