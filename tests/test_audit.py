@@ -860,6 +860,30 @@ def test_diagnose_seeds_0_by_default_and_names_what_it_refuses() -> None:
         _refuse_half("your module", torch.bfloat16)
 
 
+def test_a_module_without_a_mask_runs_on_the_references_device_and_unmasked_probes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """takes_mask=False: your forward gets x alone, on unmasked probes only (it passes, the mask bugs
+    untested), each call on the reference's device; with padding=True a failing forward's error
+    names the key-padding mask."""
+    from attnlib.audit import search
+
+    ref = reference()
+    module = learner(ref)
+    devices: list[object] = []
+    inner = search._call
+    monkeypatch.setattr(search, "_call", lambda *a: devices.append(a[3]) or inner(*a))
+    report = diagnose(lambda x: module(x, None), ref, takes_mask=False)
+    assert report.ok and report.untested and set(devices) == {ref.w_q.device} and len(devices) > 2
+
+    def boom(x: Tensor, mask: Tensor | None) -> Tensor:
+        raise RuntimeError("boom")
+
+    with pytest.raises(ValueError, match=r"^forward\(x, mask\) with x of shape \(\d+, \d+, 12\) and a bool key-padding mask of shape "
+                       r"\(\d+, \d+\) \(reference.d_model = 12\) raised RuntimeError .* a bool \(B, n_k\) key-padding mask, "):
+        diagnose(boom, ref, padding=True)
+
+
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_half_precision_is_refused_with_what_to_do(half: torch.dtype) -> None:
     """bfloat16 rounding is as large as some bugs, and float16 overflows the large-scores
