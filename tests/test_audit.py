@@ -884,6 +884,26 @@ def test_a_module_without_a_mask_runs_on_the_references_device_and_unmasked_prob
         diagnose(boom, ref, padding=True)
 
 
+def test_a_half_output_and_a_failing_repeat_call_are_named() -> None:
+    """A float32 forward whose output is float16 is refused as "your module's output"; a forward
+    that fails only when diagnose repeats its first probe (the dropout check) is named with that
+    call, key-padding mask and reference width included."""
+    ref = reference()
+    with pytest.raises(ValueError, match=r"^your module's output computes in float16: "):
+        diagnose(lambda x, mask: x.half(), ref)
+    seen: list[Tensor] = []
+
+    def fails_again(x: Tensor, mask: Tensor | None) -> Tensor:
+        if any(x.shape == s.shape and torch.equal(x, s) for s in seen):
+            raise RuntimeError("again")
+        seen.append(x)
+        return torch.zeros_like(x)
+
+    with pytest.raises(ValueError, match=r"^forward\(x, mask\) with x of shape \(\d+, \d+, 12\) and a bool key-padding mask of shape "
+                       r"\(\d+, \d+\) \(reference.d_model = 12\) raised RuntimeError .*: again\. "):
+        diagnose(fails_again, ref, padding=True)
+
+
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_half_precision_is_refused_with_what_to_do(half: torch.dtype) -> None:
     """bfloat16 rounding is as large as some bugs, and float16 overflows the large-scores
