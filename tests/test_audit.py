@@ -842,7 +842,8 @@ def test_property_planted_bug_is_found_or_honestly_undetectable(h: int, d_k: int
 def test_diagnose_seeds_0_by_default_and_names_what_it_refuses() -> None:
     """The default seed is 0 (seed 1's probes give other rounding errors); an rtol given is used;
     a compute_dtype that is not a floating dtype is refused by that name, and an rtol that is not a
-    positive number (a bool included); a half dtype is named without "torch."."""
+    positive number (a bool included); a half dtype is named without "torch.", and a half
+    compute_dtype refused."""
     from attnlib.audit.search import _refuse_half
 
     ref = reference()
@@ -858,6 +859,8 @@ def test_diagnose_seeds_0_by_default_and_names_what_it_refuses() -> None:
             diagnose(module, ref, rtol=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^your module computes in bfloat16: diagnose compares float32 or float64"):
         _refuse_half("your module", torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^compute_dtype computes in float16: diagnose compares"):
+        diagnose(module, ref, compute_dtype=torch.float16)
 
 
 def test_a_module_without_a_mask_runs_on_the_references_device_and_unmasked_probes(
