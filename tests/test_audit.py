@@ -718,6 +718,8 @@ def test_a_small_real_error_in_float64_passes_undeclared_and_the_report_says_so(
     assert not strict.ok and strict.suspected_dtype == "" and strict.compute_dtype == "float64"
     assert "float32" not in str(strict)
     assert strict.rtol == pytest.approx(rtol64) and str(strict).startswith("WRONG")
+    given = diagnose(module, ref, rtol=rtol64, pairs=False)  # an rtol given is kept: no retry at float32's
+    assert not given.ok and given.suspected_dtype == "" and given.rtol == rtol64
     with pytest.raises(AssertionError, match="WRONG"):
         assert_attention_matches(module, ref, compute_dtype=torch.float64, pairs=False)
     declared = diagnose(module, ref, compute_dtype=torch.float32)
