@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from attnlib import AttentionWeights, MultiHeadAttention
+from attnlib import AttentionWeights, MultiHeadAttention, attention
+from attnlib.blockwise import gradient_rounding_bound, rounding_bound
 from attnlib.decoding import DecoderAttention, causal_mask
 
 DTYPE = torch.float64
@@ -236,3 +237,25 @@ def hostile(draw: st.DrawFn, shape: tuple[int, ...], dtype: torch.dtype = DTYPE,
         t[..., 0] = 1.0
     k = draw(st.integers(-exponents, exponents)) if draw(st.booleans()) else 0
     return (t * 2.0**k).to(dtype)
+
+
+# ---- half precision: the tiles' derived bounds against float64 ----------------------------------
+def half_tile_bounds(q: Tensor, k: Tensor, v: Tensor, do: Tensor, out: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """How far the float16 / bfloat16 tiles' output ``out`` ``(n_q, d_v)`` and gradients of
+    ``sum(out * do)`` may be from exact (float64) attention, entry by entry: one float32
+    evaluation (half of ``rounding_bound``'s and ``gradient_rounding_bound``'s two, float32 and
+    float64), D = rowsum(dO * O) read from the output rounded to the half type (off by
+    u sum_c |dO_ic O_ic| + tau u sum_c |dO_ic|: an output below the smallest normal tau errs by up
+    to half the subnormals' spacing) carried through dS into dQ and dK, and the final rounding
+    (u |exact| + tau u, applied by the caller to each). Returns the output's bound and
+    ``[dQ, dK, dV]``'s, before that final rounding."""
+    q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
+    out_b = rounding_bound(q.float(), k.float(), v.float())[0] / 2 + rounding_bound(q64, k64, v64)[0] / 2
+    b32 = gradient_rounding_bound(q.float(), k.float(), v.float(), do.float())
+    b64 = gradient_rounding_bound(q64, k64, v64, do64)
+    u, tiny = torch.finfo(q.dtype).eps / 2, torch.finfo(q.dtype).tiny * torch.finfo(q.dtype).eps / 2
+    p, sc = attention(q64, k64, v64)[1], 1 / math.sqrt(q.shape[-1])
+    d_err = (u * (do64.abs() * out.double().abs()).sum(-1, keepdim=True)
+             + tiny * do64.abs().sum(-1, keepdim=True))  # (n_q, 1)
+    from_d = (d_err * sc * (p @ k64.abs()), (p * d_err).T @ q64.abs() * sc, torch.zeros_like(v64))
+    return out_b, [x / 2 + y / 2 + z for x, y, z in zip(b32, b64, from_d)]

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given
-from strategies import examples
+from strategies import examples, half_tile_bounds
 
 import attnlib.blockwise as bw
 from attnlib import MultiHeadAttention, attention
@@ -328,7 +328,7 @@ def test_half_inputs_accumulate_in_float32_within_the_derived_bound(dtype: torch
     tiny = torch.finfo(dtype).tiny * u  # below the smallest normal, rounding errs by half the subnormals' spacing
     q64, k64, v64 = (t.double() for t in (q, k, v))
     exact = attention(q64, k64, v64)[0]
-    one32 = rounding_bound(q.float(), k.float(), v.float())[0] / 2 + rounding_bound(q64, k64, v64)[0] / 2
+    one32, grad_bounds = half_tile_bounds(q, k, v, do, r.out)
     assert ((r.out.double() - exact).abs() <= one32 + u * (exact.abs() + one32) + tiny).all()
     for order in BACKWARD_ORDERS:
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -337,18 +337,7 @@ def test_half_inputs_accumulate_in_float32_within_the_derived_bound(dtype: torch
         assert all(gr.dtype == dtype for gr in grads)
         refs64 = [t.clone().requires_grad_() for t in (q64, k64, v64)]
         exact_g = torch.autograd.grad((attention(*refs64)[0] * do.double()).sum(), refs64)
-        b32 = gradient_rounding_bound(q.float(), k.float(), v.float(), do.float())
-        b64 = gradient_rounding_bound(q64, k64, v64, do.double())
-        # D = rowsum(dO * O) reads the output as returned, rounded to the half type (as
-        # FlashAttention does): off by u sum_c |dO_ic O_ic| + tau u sum_c |dO_ic| (an output
-        # below the smallest normal tau errs by up to half the subnormals' spacing), which dS
-        # carries into dQ and dK
-        p, sc = attention(q64, k64, v64)[1], 1 / math.sqrt(16)
-        d_err = (u * (do.double().abs() * r.out.double().abs()).sum(-1, keepdim=True)
-                 + tiny * do.double().abs().sum(-1, keepdim=True))  # (70, 1)
-        from_d = (d_err * sc * (p @ k64.abs()), (p * d_err).T @ q64.abs() * sc, torch.zeros_like(v64))
-        for a, e, x, y, z in zip(grads, exact_g, b32, b64, from_d):
-            one = x / 2 + y / 2 + z
+        for a, e, one in zip(grads, exact_g, grad_bounds):
             assert ((a.double() - e).abs() <= one + u * (e.abs() + one) + tiny).all()
 
 

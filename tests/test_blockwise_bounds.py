@@ -41,6 +41,8 @@ from attnlib.blockwise_bounds import (
 )
 from attnlib.decoding import causal_mask
 
+from strategies import half_tile_bounds
+
 try:
     from strategies import hunt  # type: ignore[attr-defined]
 except ImportError:  # a suite without the thorough profile's helper
@@ -342,6 +344,39 @@ def test_worst_and_typical_bounds_equal_the_two_functions() -> None:
             typical = typical_rounding_bound(*args, **{x: y for x, y in kw.items() if x != "merges"})
             for got, want in zip(both, (*worst, typical)):
                 assert got.shape == want.shape and torch.equal(got, want)
+
+
+# ---- half precision: float32 accumulators, one rounding at the end --------------------------------------
+@hunt(4)
+@given(st.sampled_from([torch.float16, torch.bfloat16]), st.integers(1, 24), st.integers(1, 40), st.integers(1, 16),
+       st.sampled_from([1.0, 1e3, 1e-3, 1e-5, 1e-6, 1e-7]), st.sampled_from([0.1, 1.0, 4.0]),
+       st.sampled_from([1.0, 1e-4, 1e3]), st.integers(1, 9), st.integers(1, 9), st.integers(0, 2**16))
+def test_hunt_half_precision_output_and_gradient_bounds(dtype: torch.dtype, n_q: int, n_k: int, d: int,
+                                                        v_scale: float, qk_scale: float, do_scale: float,
+                                                        bq: int, bk: int, seed: int) -> None:
+    """The tiles in float16 and bfloat16 against float64, output and dQ, dK, dV in both backward
+    orders, within half_tile_bounds plus the final rounding. Steered to subnormal outputs (values
+    of 1e-5 to 1e-7 in float16: the case where D's rounding is tau u, not u |o|), sharp scores,
+    tiny and large dO, blocks of any size; examples that overflow are discarded."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = (qk_scale * torch.randn(n, d, generator=g, dtype=F64) for n in (n_q, n_k))
+    v = v_scale * torch.randn(n_k, d, generator=g, dtype=F64)
+    do = do_scale * torch.randn(n_q, d, generator=g, dtype=F64)
+    q, k, v, do = (t.to(dtype) for t in (q, k, v, do))
+    u, tiny = torch.finfo(dtype).eps / 2, torch.finfo(dtype).tiny * torch.finfo(dtype).eps / 2
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    refs = [t.clone().requires_grad_() for t in (q64, k64, v64)]
+    exact = attention(*refs)[0]
+    exact_g = torch.autograd.grad((exact * do.double()).sum(), refs)
+    for order in BACKWARD_ORDERS:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = blockwise_attention(*leaves, block_q=bq, block_k=bk, backward_order=order).out
+        grads = torch.autograd.grad((out * do).sum(), leaves)
+        assume(all(torch.isfinite(t).all() for t in (out, *grads)))  # a range failure, not rounding
+        out_b, grad_b = half_tile_bounds(q, k, v, do, out.detach())
+        _within(out.detach(), exact.detach(), out_b + u * (exact.detach().abs() + out_b) + tiny, "the output")
+        for name, a, e, b in zip(("dQ", "dK", "dV"), grads, exact_g, grad_b):
+            _within(a, e, b + u * (e.abs() + b) + tiny, name)
 
 
 # ---- the gate: passes what is right, refuses one tile of keys dropped --------------------------------
