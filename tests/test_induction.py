@@ -43,7 +43,7 @@ from attnlib.induction import (
     virtual_circuits,
 )
 from attnlib.induction.model import AdamW
-from attnlib.induction.survey import TEST_SEED
+from attnlib.induction.survey import LEARNED, TEST_SEED
 from attnlib.lowrank import ov_circuit, qk_circuit
 from attnlib.induction.explorer import composition_explorer
 from strategies import examples
@@ -594,6 +594,17 @@ def test_layer0_kinds(ablated: tuple[float, float], previous: tuple[float, float
     (got,) = layer0_kinds(_numbers(1.0, 0.2, ablated, previous, duplicate))
     assert (got.kind, got.needed) == (kind, needed)
     assert got.kept == pytest.approx(tuple((x - 0.2) / 0.8 for x in ablated))
+
+
+@pytest.mark.parametrize("acc, kind", [(0.57, "still learning"), (LEARNED - 1e-9, "still learning"),
+                                       (LEARNED, "shared")])
+def test_a_run_still_learning_is_not_named(acc: float, kind: str) -> None:
+    """Below LEARNED accuracy no first step is named, even where every ablation costs (a run still
+    learning looks shared); at LEARNED the usual cuts apply. The kept shares are reported either way."""
+    ablated = (0.15, 0.35)  # kept 0.11 and 0.53 of what layer 0 adds at 0.57: shared, by the cuts alone
+    (got,) = layer0_kinds(_numbers(acc, 0.1, ablated, (0.14, 0.04), (0.03, 0.07)))
+    assert (got.kind, got.needed) == (kind, None)
+    assert got.kept == pytest.approx(tuple((x - 0.1) / (acc - 0.1) for x in ablated))
 
 
 def test_the_stored_survey_round_trips(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from attnlib.induction.heads import (
 from attnlib.induction.model import InductionRuns, load_runs, save_runs, train_induction
 from attnlib.induction.survey import (
     DATA_ORDER,
+    LEARNED,
     SURVEY_SEEDS,
     Kind,
     composition_table,
@@ -57,7 +58,7 @@ __all__ = [
     "RepeatTask", "RepeatBatch", "InductionRuns", "train_induction", "save_runs", "load_runs",
     "PATTERNS", "pattern_masks", "pattern_scores", "ablation_accuracy", "part_accuracy", "previous_by_position",
     "head_circuits", "virtual_circuits", "diagonal_rate", "circuit_rates",
-    "SURVEY_SEEDS", "DATA_ORDER", "Kind", "composition_table", "seed_numbers", "layer0_kinds", "save_induction_survey",
+    "SURVEY_SEEDS", "DATA_ORDER", "LEARNED", "Kind", "composition_table", "seed_numbers", "layer0_kinds", "save_induction_survey",
     "load_induction_survey",
     "KINDS", "frobenius", "composition_score", "composition_ceiling", "composition_scores", "random_composition_scores",
     "CHAPTER_SETTINGS",

@@ -28,7 +28,7 @@ from attnlib.induction.model import InductionRuns
 from attnlib.lowrank import FactoredMatrix
 from attnlib.recall.survey import DIGITS, SurveyTable
 
-__all__ = ["SURVEY_SEEDS", "DATA_ORDER", "TEST_SEED", "KEPT_SHARED", "KEPT_BACKUP", "PATTERN_CUT",
+__all__ = ["SURVEY_SEEDS", "DATA_ORDER", "TEST_SEED", "KEPT_SHARED", "KEPT_BACKUP", "PATTERN_CUT", "LEARNED",
            "Kind", "composition_table", "seed_numbers", "layer0_kinds", "save_induction_survey", "load_induction_survey"]
 
 SURVEY_SEEDS = tuple(range(48))  # the seeds of the stored table; runs.safetensors holds 0-11
@@ -37,6 +37,7 @@ TEST_SEED = 100  # the test sequences' generator
 KEPT_SHARED = 0.9  # a head is needed when ablating it keeps less than this share of what layer 0 adds
 KEPT_BACKUP = 0.15  # ... and has a backup when ablating it still keeps at least this share
 PATTERN_CUT = 0.8  # previous-token / duplicate-token: this share of the head's attention or more
+LEARNED = 0.9  # a run below this accuracy is still learning: its first step is not named
 
 
 def composition_table(runs: InductionRuns) -> tuple[Tensor, Tensor]:
@@ -129,8 +130,9 @@ def seed_numbers(runs: InductionRuns, batch: RepeatBatch) -> dict[str, list[floa
 
 class Kind(NamedTuple):
     """The first step a run found: ``kind`` (``"previous-token"``, ``"previous-token with backup"``,
-    ``"duplicate-token"``, ``"duplicate-token with backup"``, ``"other"``, ``"other with backup"``
-    or ``"shared"``) and its needed layer-0 head (``None`` when shared); ``kept``: per layer-0 head,
+    ``"duplicate-token"``, ``"duplicate-token with backup"``, ``"other"``, ``"other with backup"``,
+    ``"shared"`` or ``"still learning"``) and its needed layer-0 head (``None`` when shared or still
+    learning); ``kept``: per layer-0 head,
     the share of what layer 0 adds that survives its ablation."""
 
     kind: str
@@ -150,7 +152,9 @@ def layer0_kinds(table: SurveyTable | dict[str, list[float]], num_heads: int = 2
       :data:`PATTERN_CUT`, else *duplicate-token* if its share on the current token's first
       occurrence is, else *other*;
     - **with backup** when the other heads keep some of the work without it,
-      :math:`\kappa_{needed} \ge` :data:`KEPT_BACKUP`.
+      :math:`\kappa_{needed} \ge` :data:`KEPT_BACKUP`;
+    - **still learning**, before any of these, when :math:`a <` :data:`LEARNED`: a run that has not
+      learnt the task has no settled first step (its ablations can look like a shared one).
     """
     numbers = table.numbers if isinstance(table, SurveyTable) else table
     acc, none = numbers["accuracy"], numbers["ablated | both L0"]
@@ -158,6 +162,9 @@ def layer0_kinds(table: SurveyTable | dict[str, list[float]], num_heads: int = 2
     for r in range(len(acc)):
         gain = acc[r] - none[r]
         kept = tuple((numbers[f"ablated | L0 h{a}"][r] - none[r]) / gain if gain > 0 else 1.0 for a in range(num_heads))
+        if acc[r] < LEARNED:
+            kinds.append(Kind("still learning", None, kept))
+            continue
         if all(k < KEPT_SHARED for k in kept):
             kinds.append(Kind("shared", None, kept))
             continue
