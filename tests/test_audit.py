@@ -23,6 +23,7 @@ from attnlib.audit import matcher
 from attnlib.audit import (
     BUGS, BUGS_BY_NAME, PAIRS, AuditReport, assert_attention_matches, diagnose, planted, probe_inputs,
 )
+from attnlib.audit.report import fmt_error
 from attnlib.interop import read_separate_linear, read_torch_mha, write_separate_linear
 
 SETTINGS = settings(max_examples=20, deadline=None)
@@ -225,6 +226,9 @@ def test_each_bug_is_diagnosed(bug: str) -> None:
     report = diagnose(learner(ref, bug), ref)
     assert not report.ok and report.max_error > 0.01
     assert report.bugs == (bug,) and report.explanations == ((bug,),)
+    # one explanation: nothing tied, no hint (the bug says what to look for), and no blocked-row
+    # convention reported for a WRONG module
+    assert report.tie == "" and report.hint == "" and report.blocked_rows is None
     text = str(report)
     assert text.startswith("WRONG") and bug in text and "look for" in text
 
@@ -523,7 +527,12 @@ def test_from_scratch_module_passes() -> None:
     ref = reference()
     report = diagnose(learner(ref), ref)
     assert report.ok and report.bugs == () and report.max_error < 1e-5
-    assert str(report).startswith("OK")
+    # a float32 module against a float32 reference, every mask bug tested: no note, no hint, no
+    # dtype named, nothing untested; padded rows only with padding=True; its three heads
+    assert report.notes == () and report.hint == "" and report.compute_dtype == "" == report.suspected_dtype
+    assert report.untested == () and report.padded_rows is None and report.tie == "" and report.num_heads == 3
+    assert str(report) == ("OK: matches the reference to within 0.00035 (relative) on every probe\n"
+                           "a query with every key blocked gets, in your module: NaN (a convention, not a\n  bug)")
 
 
 def test_large_negative_fill_passes() -> None:
@@ -628,6 +637,7 @@ def test_one_head_makes_some_bugs_undetectable() -> None:
     assert report.ok  # with h = 1, d_k = d_model: the code is right for this layer
     assert {"scale_by_d_model", "split_without_transpose", "merge_without_transpose"} <= set(report.undetectable)
     assert "cannot be seen" in str(report) and "scale_by_d_model" in str(report)
+    assert report.num_heads == 1 and "with h = 1 and these weights" in " ".join(str(report).split())
     assert diagnose(learner(reference(), "scale_by_d_model"), reference()).bugs == ("scale_by_d_model",)
 
 
@@ -724,8 +734,148 @@ def test_a_small_real_error_in_float64_passes_undeclared_and_the_report_says_so(
         assert_attention_matches(module, ref, compute_dtype=torch.float64, pairs=False)
     declared = diagnose(module, ref, compute_dtype=torch.float32)
     assert declared.ok and declared.compute_dtype == "float32" and declared.suspected_dtype == ""
-    assert "would pass the same way" not in str(declared)
+    assert declared.notes == (f"compute_dtype=float32: compared at float32's rounding, {fmt_error(declared.rtol)}",)
+    assert "would pass the same way" not in " ".join(str(declared).split())
+    assert strict.notes == ()  # compute_dtype=float64 for float64 outputs: nothing to say
     assert diagnose(learner(ref), ref, compute_dtype=torch.float64).ok  # a right module still passes
+
+
+class Float32Softmax(Scratch):
+    """A float64 module that takes its softmax in float32 (as Hugging Face's OPT and Llama do)."""
+
+    def softmax(self, scores: Tensor) -> Tensor:
+        return scores.float().softmax(dim=-1).to(scores.dtype)
+
+
+def test_a_pair_explaining_a_float64_module_only_at_float32s_rounding_is_named_there() -> None:
+    """No bug explains a float64 module with a float32 softmax at float64's rounding; a pair
+    does at float32's, and is named there, WRONG, with the note that says so."""
+    ref = reference(dtype=torch.float64)
+    cls = type("Planted", (Float32Softmax, MissingScale, MaskInverted), {})
+    module = cls(12, 3).double()
+    module.load_state_dict(learner(ref).state_dict())
+    report = diagnose(module, ref)
+    assert not report.ok and report.explanations == (("missing_scale", "mask_inverted"),)
+    assert report.suspected_dtype == report.compute_dtype == "float32" and report.hint == ""
+    assert report.rtol > 1e-6  # float32's rounding along the layer, not float64's sqrt(eps)
+    assert report.notes == (
+        "a step of your module seems to run in float32: no bug explains its outputs at float64's rounding, so the "
+        f"bugs were sought at float32's ({fmt_error(report.rtol)}). Pass compute_dtype=torch.float32 if a step does "
+        "run in float32, or compute_dtype=torch.float64 if none does.",)
+
+
+def test_each_kind_of_probe_reports_its_worst_error() -> None:
+    """A module wrong on the first "random mask" probe only: that kind's error is the worst one,
+    though the second "random mask" probe is right."""
+    ref = reference()
+    right = learner(ref)
+    first = next(x for kind, x, _ in probe_inputs(12) if kind == "random mask")
+
+    def forward(x: Tensor, mask: Tensor | None) -> Tensor:
+        out = right(x, mask)
+        return out * 1.5 if x.shape == first.shape and torch.equal(x, first) else out
+
+    report = diagnose(forward, ref, pairs=False)
+    assert not report.ok and report.errors["random mask"] == report.max_error == pytest.approx(0.5, rel=1e-5)
+    assert "random mask 0.5," in str(report)
+
+
+def test_a_tie_is_explained_with_the_references_own_d_model() -> None:
+    """d_model = 16 with h = 2 heads of d_k = 4 (h d_k = 8): double_scale divides by d_k = 4,
+    scale_by_d_model by sqrt(16) = 4, the same; the reason names d_model = 16."""
+    ref = MultiHeadAttention(16, 2, d_k=4)
+    report = diagnose(planted(ref, "double_scale"), ref)
+    assert report.explanations == (("scale_by_d_model",), ("double_scale",))
+    assert report.tie.endswith("(here h = 2, d_k = 4, d_model = 16)")
+
+
+def test_the_hint_of_a_causal_module_says_every_probe_is_masked_by_it() -> None:
+    ref = reference()
+    right = planted(ref, causal=True)
+    report = diagnose(lambda x, mask: right(x, mask) * 1.1, ref, causal=True, pairs=False)
+    assert not report.ok and report.bugs == ()
+    assert "every probe of this call form is masked (causal=True: your module masks the future itself)" in report.hint
+
+
+def test_padded_rows_are_named_for_a_right_padded_module_only() -> None:
+    """padding=True: what a right module returns for the padded queries is named (a convention);
+    for a wrong one nothing is."""
+    ref = reference()
+    report = diagnose(planted(ref, padding=True), ref, padding=True)
+    assert report.ok and report.padded_rows == "the real keys"
+    assert "a padded query (not compared) gets, in your module: attention over the real keys" in " ".join(
+        str(report).split())
+    wrong = diagnose(planted(ref, "missing_scale", padding=True), ref, padding=True, pairs=False)
+    assert wrong.bugs == ("missing_scale",) and wrong.padded_rows is None
+
+
+def test_the_reference_gets_its_inputs_on_its_own_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """x, the context and the mask go to the reference's device before it runs: "meta" here,
+    standing in for a GPU (attnlib's float64 model of the layer reads a CPU twin's weights; the
+    reference stops at its first call, where nothing reads its meta output)."""
+    from attnlib.audit.engine import ReferenceParams
+
+    class Recorder(MultiHeadAttention):
+        seen: list[tuple[str, ...]] = []
+
+        def forward(self, query, key, value, mask=None, need_weights=True):
+            self.seen.append(tuple(t.device.type for t in (query, key, value, mask)))
+            raise RuntimeError("stop")
+
+    twin = reference()
+    on_meta = Recorder(12, 3, device="meta")
+    of = ReferenceParams.of
+    monkeypatch.setattr(ReferenceParams, "of",
+                        classmethod(lambda cls, r, dtype: of(twin if r is on_meta else r, dtype)))
+    with pytest.raises(RuntimeError, match="the reference raised RuntimeError on a random mask probe: stop"):
+        diagnose(lambda x, mask: torch.zeros(x.shape), on_meta)
+    assert Recorder.seen == [("meta", "meta", "meta", "meta")]
+
+
+def test_a_reference_off_the_model_by_exactly_the_tolerance_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """diagnose checks the reference's own forward against attnlib's model of it: an error above
+    max(rtol, sqrt(eps)) on a probe is refused, one equal to it accepted (as a module's error
+    equal to rtol passes)."""
+    from attnlib.audit import checks, search
+
+    class Shifted(MultiHeadAttention):
+        def forward(self, query, key, value, mask=None, need_weights=True):
+            out, w = super().forward(query, key, value, mask, need_weights)
+            return out + 1e-3, w
+
+    torch.manual_seed(0)
+    ref = Shifted(12, 3)
+    seen: list[float] = []
+
+    def recorded(e: Tensor, a: Tensor) -> float:
+        seen.append(checks.relative_error(e, a))
+        return seen[-1]
+
+    monkeypatch.setattr(search, "relative_error", recorded)
+    diagnose(lambda x, mask: x, ref, rtol=1.0, pairs=False)  # the reference's errors, one per probe
+    worst = max(seen)
+    assert len(seen) == 7 and worst > math.sqrt(torch.finfo(torch.float32).eps)
+    assert not diagnose(lambda x, mask: x, ref, rtol=worst, pairs=False).ok  # accepted: the module is judged
+    with pytest.raises(RuntimeError, match="disagrees with reference.forward"):
+        diagnose(lambda x, mask: x, ref, rtol=math.nextafter(worst, 0.0), pairs=False)
+
+
+def test_a_wrong_modules_errors_are_read_under_the_convention_that_fits_the_most_probes() -> None:
+    """A module wrong without a mask, whose query with every key blocked gets the mean of the
+    values: its errors are read under that convention, the blocked row "ok", when rtol equals
+    that probe's error exactly (an error equal to rtol fits); "zeros", first of the
+    conventions, fits one probe fewer."""
+    ref = reference()
+    right = planted(ref, blocked="mean of values")
+
+    def forward(x: Tensor, mask: Tensor | None) -> Tensor:
+        return right(x, mask) * (3.0 if mask is None else 1.0)
+
+    first = diagnose(forward, ref, pairs=False)
+    rtol = first.errors["blocked row"]
+    assert 0 < rtol < first.rtol < first.errors["no mask"]
+    report = diagnose(forward, ref, rtol=rtol, pairs=False)
+    assert not report.ok and report.errors["blocked row"] == rtol and "blocked row ok" in str(report)
 
 
 def test_large_scores_hints_name_renormalisation_finite_fills_and_capping() -> None:
