@@ -106,7 +106,8 @@ def test_a_small_real_error_in_float64_passes_undeclared_and_the_report_says_so(
     assert "float32" not in str(strict)
     assert str(strict).startswith("WRONG") and strict.rtol < report.rtol
     declared = diagnose_cache(module, ref, compute_dtype=torch.float32, pairs=False)
-    assert declared.ok and declared.suspected_dtype == "" and "would pass the same way" not in str(declared)
+    assert declared.ok and declared.suspected_dtype == ""
+    assert "would pass the same way" not in " ".join(str(declared).split())  # the text wraps lines
 
 
 def test_attnlib_kv_cache_passes() -> None:
