@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnlib.decoding import apply_rope, rope_angles, rope_inv_freq, rope_rotation, rotate_half
-from attnlib.decoding.rope import rope_angle_error, rope_frequency_error, rope_merged_bound
+from attnlib.decoding.rope import angle_dtype, rope_angle_error, rope_frequency_error, rope_merged_bound
 
 F64 = torch.float64
 
@@ -125,3 +125,127 @@ def test_rope_merged_bound_default_base_and_refusals() -> None:
         rope_merged_bound(w, w[0], 0, 3)
     with pytest.raises(ValueError, match=r"^w_q and w_k must have the same d_k, got \(3, 4\) and \(3, 2\)$"):
         rope_merged_bound(w, w[:, :2], 0, 3)
+
+
+def test_rope_defaults_are_llamas_base_10000() -> None:
+    """Called without a base, the frequencies and the error bounds are base 10000's (Llama's):
+    d_k = 4 has omega = (1, 1/100) and t = (0, 1/2)."""
+    assert torch.allclose(rope_inv_freq(4), torch.tensor([1.0, 0.01], dtype=F64), rtol=4e-16, atol=0)
+    u = 2.0**-53
+    ks = [3.0, 0.5 * math.log(10000.0) + 3]
+    assert rope_frequency_error(4).tolist() == pytest.approx([k * u / (1 - k * u) for k in ks], rel=1e-14, abs=0)
+    pos = torch.tensor([3, 1000])
+    assert torch.equal(rope_angle_error(pos, 4), rope_angle_error(pos, 4, 10000.0))
+    assert not torch.equal(rope_angle_error(pos, 4), rope_angle_error(pos, 4, 10001.0))
+
+
+def test_rope_base_just_above_one_is_accepted_and_one_is_refused() -> None:
+    """Any base > 1 is a RoPE (d_k = 4: omega = (1, base^(-1/2))); 1 and below are refused,
+    the message naming ``base``."""
+    for base in (2, 1.5):
+        assert torch.allclose(rope_inv_freq(4, base), torch.tensor([1.0, base**-0.5], dtype=F64), rtol=4e-16, atol=0)
+    for bad in (1, 0.5):
+        with pytest.raises(ValueError, match=rf"^base \(RoPE's theta\) must be > 1, got {bad}$"):
+            rope_inv_freq(4, bad)
+
+
+def test_angle_dtype_is_float32_on_mps_only() -> None:
+    """MPS has no float64, so RoPE's angles are float32 there; float64 everywhere else
+    (device objects only: no MPS or CUDA is needed to build them)."""
+    assert angle_dtype(torch.device("mps")) == torch.float32
+    assert angle_dtype(torch.device("mps", 0)) == torch.float32
+    for name in ("cpu", "cuda", "meta"):
+        assert angle_dtype(torch.device(name)) == F64
+
+
+def test_rope_rotation_with_another_base_and_on_its_device() -> None:
+    """Base 100: pair 1 turns by p/10. The matrix is built on the device asked for, even
+    under another default device (``with torch.device(...)``; meta stands in for a GPU),
+    and on the default device when none is asked for."""
+    c, s, c1, s1 = math.cos(2), math.sin(2), math.cos(0.2), math.sin(0.2)
+    expected = torch.tensor([[c, 0, s, 0], [0, c1, 0, s1], [-s, 0, c, 0], [0, -s1, 0, c1]], dtype=F64)
+    assert torch.allclose(rope_rotation(2, 4, 100.0), expected, rtol=0, atol=1e-15)
+    for device in ("meta", torch.device("meta")):
+        on_meta = rope_rotation(2, 4, 100.0, device=device)
+        assert on_meta.device.type == "meta" and on_meta.shape == (4, 4) and on_meta.dtype == F64
+    with torch.device("meta"):
+        on_cpu = rope_rotation(2, 4, 100.0, device="cpu")
+        assert rope_rotation(2, 4, 100.0).device.type == "meta"
+    assert on_cpu.device.type == "cpu"
+    assert torch.allclose(on_cpu, expected, rtol=0, atol=1e-15)
+
+
+def test_rope_angle_error_counts_integer_positions_that_float32_rounds() -> None:
+    """2^24 + 1 is an integer position that float32 cannot hold (it rounds to 2^24): its
+    angle's bound in float32 counts that rounding, as for 2^25 + 2."""
+    u = 2.0**-24
+    rel = rope_frequency_error(4, 100.0, torch.float32).tolist()
+    got = rope_angle_error(torch.tensor([2**24 - 1, 2**24 + 1, 2**25 + 2]), 4, 100.0, torch.float32)
+    for row, (p, extra) in zip(got.tolist(), ((2**24 - 1, 1), (2**24 + 1, 2), (2**25 + 2, 2))):
+        assert row == pytest.approx([p * w * (r + extra * u * (1 + r)) for w, r in zip((1.0, 0.1), rel)], rel=1e-14, abs=0)
+
+
+def test_rope_angle_error_ignores_the_default_dtype() -> None:
+    """The bound is float64 and the same when half precision is torch's default dtype (as
+    Meta's reference Llama code sets it)."""
+    pos = torch.tensor([3, 1000, 2**53 + 2**12])
+    expected = rope_angle_error(pos, 4, 100.0)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        got = rope_angle_error(pos, 4, 100.0)
+    finally:
+        torch.set_default_dtype(old)
+    assert got.dtype == F64 and torch.equal(got, expected)
+
+
+def _merged_bound_by_hand(wq: list[float], wk: list[float], p: int, j: int, base: float) -> float:
+    """d_model = 1: sum_ab |wq_a| core_ab |wk_b| + the underflow term, core = gamma_{d_k+4}
+    |R_p||R_j|^T + E_p |R_j|^T + |R_p| E_j^T + E_p E_j^T, built entry by entry."""
+    d_k, half = len(wq), len(wq) // 2
+    u, eps, eta = 2.0**-53, 2.0**-52, 2.0**-52 * 2.0**-1022
+    omega = [base ** (-2 * l / d_k) for l in range(half)]
+
+    def rot_and_err(pos: int) -> tuple[list[list[float]], list[list[float]]]:
+        rho = [float(x) + eps for x in rope_angle_error(torch.tensor([pos]), d_k, base)[0]]
+        r, e = [[0.0] * d_k for _ in range(d_k)], [[0.0] * d_k for _ in range(d_k)]
+        for l in range(half):
+            c, s = abs(math.cos(pos * omega[l])), abs(math.sin(pos * omega[l]))
+            for a, b, v in ((l, l, c), (l + half, l + half, c), (l, l + half, s), (l + half, l, s)):
+                r[a][b], e[a][b] = v, rho[l]
+        return r, e
+
+    (r_p, e_p), (r_j, e_j) = rot_and_err(p), rot_and_err(j)
+    g = (d_k + 4) * u / (1 - (d_k + 4) * u)
+
+    def dot(x: list[list[float]], y: list[list[float]], a: int, b: int) -> float:  # (x y^T)_ab
+        return sum(x[a][c] * y[b][c] for c in range(d_k))
+
+    total = 0.0
+    for a in range(d_k):
+        for b in range(d_k):
+            core = g * dot(r_p, r_j, a, b) + dot(e_p, r_j, a, b) + dot(r_p, e_j, a, b) + dot(e_p, e_j, a, b)
+            total += abs(wq[a]) * core * abs(wk[b])
+    col = [sum(r_j[b][c] for c in range(d_k)) for b in range(d_k)]  # (1 |R_j|^T)_b
+    return total + eta * (2 * sum(col[b] * abs(wk[b]) for b in range(d_k)) + 2 * sum(map(abs, wk)) + 2 * d_k)
+
+
+def test_rope_merged_bound_far_positions_another_base() -> None:
+    """d_k = 4, base 100 (pair 1 turns by p/10), a query at 10^6 and a key at 999 000: the
+    rotations' errors (about 4e-10) dominate, and their product E_p E_j^T counts."""
+    wq, wk = [1.0, -2.0, 0.5, 3.0], [0.25, 1.5, -1.0, 2.0]
+    for p, j in ((10**6, 999_000), (0, 3)):
+        got = rope_merged_bound(torch.tensor([wq], dtype=F64), torch.tensor([wk], dtype=F64), p, j, 100.0)
+        assert got.shape == (1, 1) and float(got) == pytest.approx(_merged_bound_by_hand(wq, wk, p, j, 100.0), rel=1e-13, abs=0)
+
+
+def test_rope_merged_bound_at_position_zero_is_gamma_and_an_ulp() -> None:
+    """Both positions 0: the rotations are the identity, exact, so entry (0, 0) of e_0 ... e_0^T
+    is gamma_{d_k+4} = (d_k+4) u / (1 - (d_k+4) u) plus the cosine's ulp on each side (2 eps
+    + 2 eps^2) and the underflow term; at d_k = 64 gamma dominates."""
+    d_k, u, eps, eta = 64, 2.0**-53, 2.0**-52, 2.0**-52 * 2.0**-1022
+    e0 = torch.zeros(1, d_k, dtype=F64)
+    e0[0, 0] = 1.0
+    k = d_k + 4
+    expected = k * u / (1 - k * u) + 2 * eps + 2 * eps**2 + eta * (4 + 2 * d_k)
+    assert float(rope_merged_bound(e0, e0, 0, 0)) == pytest.approx(expected, rel=1e-15, abs=0)
