@@ -232,9 +232,10 @@ def _merged_bound_by_hand(wq: list[float], wk: list[float], p: int, j: int, base
 
 def test_rope_merged_bound_far_positions_another_base() -> None:
     """d_k = 4, base 100 (pair 1 turns by p/10), a query at 10^6 and a key at 999 000: the
-    rotations' errors (about 4e-10) dominate, and their product E_p E_j^T counts."""
+    rotations' errors (about 4e-10) dominate, and their product E_p E_j^T counts. A query at
+    2^24 + 1, which float32 (torch's default dtype) cannot hold, is counted at 2^24 + 1."""
     wq, wk = [1.0, -2.0, 0.5, 3.0], [0.25, 1.5, -1.0, 2.0]
-    for p, j in ((10**6, 999_000), (0, 3)):
+    for p, j in ((10**6, 999_000), (0, 3), (2**24 + 1, 0)):
         got = rope_merged_bound(torch.tensor([wq], dtype=F64), torch.tensor([wk], dtype=F64), p, j, 100.0)
         assert got.shape == (1, 1) and float(got) == pytest.approx(_merged_bound_by_hand(wq, wk, p, j, 100.0), rel=1e-13, abs=0)
 

@@ -291,7 +291,7 @@ def rope_merged_bound(w_q: Tensor, w_k: Tensor, p: int, j: int, base: float = 10
     pair[idx, idx] = pair[idx + half, idx + half] = pair[idx, idx + half] = pair[idx + half, idx] = 1.0
 
     def entry_error(position: int) -> Tensor:  # (d_k, d_k): E_position
-        rho = rope_angle_error(torch.tensor([float(position)]), d_k, base)[0] + torch.finfo(f64).eps  # (d_k/2,)
+        rho = rope_angle_error(torch.tensor([float(position)], dtype=f64), d_k, base)[0] + torch.finfo(f64).eps  # (d_k/2,)
         return pair * torch.cat([rho, rho])[:, None]
 
     r_p, r_j = rope_rotation(p, d_k, base).abs(), rope_rotation(j, d_k, base).abs()  # (d_k, d_k)
