@@ -69,7 +69,7 @@ def test_hunt_four_term_split(inputs: tuple[torch.Tensor, ...]) -> None:
 
 
 @given(w_q=hostile((6, 16), exponents=20), w_k=hostile((6, 16), exponents=20), half=st.integers(1, 8),
-       p=st.integers(0, 60), j=st.integers(0, 60), shift=st.sampled_from([1, 4000, 65_537, 10**6, 10**7]),
+       p=st.integers(0, 60), j=st.integers(0, 60), shift=st.sampled_from([1, 4000, 65_537, 10**6, 10**7, 2**24 + 1, 2**31 + 7]),  # past float32: 2**24 + 1
        base=st.sampled_from([10000.0, 500000.0, 12345.0, 1.5]))
 @hunt(4)
 def test_hunt_rope_merged_matrix(w_q: torch.Tensor, w_k: torch.Tensor, half: int, p: int, j: int, shift: int,
